@@ -1,0 +1,73 @@
+"""ckpt.pt in nanoGPT's format, saved atomically and loaded with one-line errors; used by train.py and sample.py.
+
+nanoGPT's keys: model, optimizer, model_args, iter_num, best_val_loss, config. train.py adds what exact resume
+needs (scaler, rng_states); a checkpoint without them, e.g. one written by nanoGPT, loads all the same.
+"""
+import contextlib
+import os
+
+import torch
+
+CKPT_NAME = 'ckpt.pt'
+COMPILE_PREFIX = '_orig_mod.'  # torch.compile's wrapper prefixes parameter names with this; nanoGPT saves them so
+
+
+class CheckpointError(Exception):
+    """A checkpoint problem the user can fix; str(e) is the one-line message."""
+
+
+def first_line(exc, limit=160):
+    lines = str(exc).strip().splitlines()
+    line = lines[0] if lines else type(exc).__name__
+    return line if len(line) <= limit else line[:limit - 3] + '...'
+
+
+def checkpoint_path(out_dir):
+    return os.path.join(out_dir, CKPT_NAME)
+
+
+def save_checkpoint(checkpoint, out_dir):
+    """Write out_dir/ckpt.pt through a temporary file in out_dir and os.replace: a crash or kill at any moment
+    leaves either the previous ckpt.pt or the new one, never a partial file."""
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = os.path.join(out_dir, f'.{CKPT_NAME}.{os.getpid()}.tmp')  # same filesystem, so os.replace is a rename
+    try:
+        with open(tmp, 'wb') as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the rename makes it ckpt.pt
+        os.replace(tmp, checkpoint_path(out_dir))
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def load_checkpoint(out_dir, map_location, required=()):
+    """out_dir/ckpt.pt as a dict, its model state dict without torch.compile's prefix; CheckpointError if it is
+    missing, unreadable, truncated or lacks 'model', 'model_args' or one of the `required` keys."""
+    path = checkpoint_path(out_dir)
+    if not os.path.isfile(path):
+        raise CheckpointError(f'no checkpoint at {path}: check --out_dir (train.py writes ckpt.pt there)')
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # truncated zip, pickling errors, I/O errors: all mean the same to the user
+        raise CheckpointError(f'{path} is unreadable or truncated ({first_line(e)}): restore a good copy '
+                              f'or train again') from None
+    missing = [k for k in ('model', 'model_args', *required) if not isinstance(checkpoint, dict) or k not in checkpoint]
+    if missing:
+        raise CheckpointError(f"{path} is not a nanoGPT checkpoint (no {', '.join(missing)})")
+    state_dict = checkpoint['model']
+    for k in list(state_dict):
+        if k.startswith(COMPILE_PREFIX):
+            state_dict[k[len(COMPILE_PREFIX):]] = state_dict.pop(k)
+    return checkpoint
+
+
+def load_model_state(model, checkpoint, out_dir):
+    """Load checkpoint['model'] into `model`; CheckpointError (not a size-mismatch wall) if it does not fit."""
+    try:
+        model.load_state_dict(checkpoint['model'])
+    except RuntimeError as e:
+        raise CheckpointError(f'{checkpoint_path(out_dir)} does not match its model_args '
+                              f"({first_line(' '.join(str(e).split()), limit=240)})") from None

@@ -1,0 +1,154 @@
+"""
+nanoGPT's configurator, as a function with clear errors. For example:
+$ python train.py config/override_file.py --batch_size=32
+runs config/override_file.py (plain Python: its assignments override the defaults), then sets batch_size to 32.
+
+Same semantics as nanoGPT: arguments without `--` are config files, executed in order; `--key=value` arguments are
+parsed with ast.literal_eval (a value that is not a Python literal stays a string) and must keep the default's type.
+Differences, all about errors: each is a ConfigError whose message is one line naming the key, the value and the fix.
+An int is accepted for a float key; a key whose default is None accepts anything; a str key takes the text as given
+(--wandb_run_name=123 is the string '123'). Config files may define helper variables of their own, as in nanoGPT,
+but a name that is a near miss of a key (learning_rat = 1e-3) is reported as the typo it probably is.
+"""
+import ast
+import difflib
+import os
+import sys
+
+import torch
+
+TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
+DEFAULTS_BEGIN = '# --- config defaults ---'
+DEFAULTS_END = '# --- end config defaults ---'
+CONFIG_TYPES = (int, float, bool, str, type(None))
+DTYPES = ('float32', 'bfloat16', 'float16')
+
+
+class ConfigError(ValueError):
+    """A configuration the user can fix; str(e) is the one-line message."""
+
+
+def fail(message):
+    """The scripts' single exit for bad input: one line on stderr, exit status 2, no traceback."""
+    print(f'error: {message}', file=sys.stderr)
+    sys.exit(2)
+
+
+def train_defaults():
+    """train.py's config keys and defaults, read from its block between DEFAULTS_BEGIN and DEFAULTS_END."""
+    with open(TRAIN_PY, encoding='utf-8') as f:
+        source = f.read()
+    block = source[source.index(DEFAULTS_BEGIN):source.index(DEFAULTS_END)]
+    namespace = {'torch': torch}
+    exec(block, namespace)
+    return {k: v for k, v in namespace.items() if not k.startswith('_') and isinstance(v, CONFIG_TYPES)}
+
+
+def closest_keys(key, keys):
+    matches = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
+    return f"did you mean {' or '.join('--' + m for m in matches)}?" if matches else 'see --help for the keys'
+
+
+def checked_value(key, value, default, source):
+    """`value` if its type suits `default`'s, else a ConfigError. `source` says where the value came from."""
+    if default is None or type(value) is type(default):
+        return value
+    if isinstance(default, float) and type(value) is int:
+        return float(value)
+    raise ConfigError(f'{source}: {key} must be {type(default).__name__}, got {type(value).__name__} {value!r}')
+
+
+def parse_override(arg, config):
+    """('key', value) of one `--key=value` argument, checked against `config`."""
+    if '=' not in arg:
+        raise ConfigError(f'{arg}: expected --key=value (or a config file path without --)')
+    key, text = arg[2:].split('=', 1)
+    if key not in config:
+        raise ConfigError(f'unknown config key --{key}: {closest_keys(key, config)}')
+    try:
+        value = ast.literal_eval(text)
+    except (SyntaxError, ValueError):
+        value = text  # not a Python literal: nanoGPT keeps it as a string
+    if isinstance(config[key], str) and not isinstance(value, str):
+        value = text  # a str key takes the text as typed: --wandb_run_name=123 is '123'
+    return key, checked_value(key, value, config[key], f'--{key}={text}')
+
+
+def run_config_file(path, config):
+    """Execute config file `path` on top of `config` (as nanoGPT: its names see the current values); return the keys
+    it set, type-checked. Its own helper variables are ignored, except near misses of a key (typos)."""
+    if not os.path.isfile(path):
+        raise ConfigError(f'config file {path} not found')
+    with open(path, encoding='utf-8') as f:
+        source = f.read()
+    print(source)
+    namespace = dict(config, __file__=path)
+    try:
+        exec(compile(source, path, 'exec'), namespace)
+    except Exception as e:
+        line = f' line {e.lineno}' if isinstance(e, SyntaxError) else ''
+        raise ConfigError(f'config file {path}{line}: {type(e).__name__}: {e}') from None
+    updates = {}
+    for name, value in namespace.items():
+        if name in config:
+            updates[name] = checked_value(name, value, config[name], f'config file {path}')
+        elif (not name.startswith('_') and isinstance(value, CONFIG_TYPES)
+              and difflib.get_close_matches(name, config, n=1, cutoff=0.85)):
+            raise ConfigError(f'config file {path}: unknown config key {name}: {closest_keys(name, config)}')
+    return updates
+
+
+def help_text(defaults):
+    script = os.path.basename(sys.argv[0]) if sys.argv[0].endswith('.py') else 'SCRIPT.py'
+    lines = [f'usage: python {script} [config_file.py ...] [--key=value ...]',
+             'config files (Python) run in order, then --key=value overrides; the keys and their defaults:']
+    lines += [f'  --{key}={value!r}' for key, value in defaults.items()]
+    return '\n'.join(lines)
+
+
+def load_config(defaults, argv):
+    """A new dict of `defaults`' keys with the config files and --key=value overrides of `argv` applied in order.
+    `--help` (or -h) prints the keys with their defaults and exits 0."""
+    if '--help' in argv or '-h' in argv:
+        print(help_text(defaults))
+        sys.exit(0)
+    config = dict(defaults)
+    for arg in argv:
+        if arg.startswith('--'):
+            key, value = parse_override(arg, config)
+            print(f'Overriding: {key} = {value}')
+            config[key] = value
+        elif arg.startswith('-'):
+            raise ConfigError(f'{arg}: expected --key=value (or a config file path)')
+        else:
+            print(f'Overriding config with {arg}:')
+            config.update(run_config_file(arg, config))
+    return config
+
+
+def check_device(device, dtype):
+    """A ConfigError if `device` or `dtype` is unknown or cannot work on this machine; else the device type."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    try:
+        device_type = torch.device(device).type
+    except RuntimeError:
+        raise ConfigError(f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' or 'mps'") from None
+    if device_type == 'cuda':
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={device!r} but CUDA is not available here (torch {torch.__version__}, "
+                              f"no usable GPU): use --device=cpu")
+        index = torch.device(device).index
+        if index is not None and index >= torch.cuda.device_count():
+            raise ConfigError(f'device={device!r} but this machine has {torch.cuda.device_count()} CUDA device(s)')
+        if dtype == 'bfloat16' and not torch.cuda.is_bf16_supported():
+            raise ConfigError('dtype=bfloat16 is not supported by this GPU: use --dtype=float16')
+    elif device_type == 'mps':
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f'device={device!r} but MPS is not available here: use --device=cpu')
+    elif device_type != 'cpu':
+        raise ConfigError(f"unsupported device {device!r}: use 'cpu', 'cuda', 'cuda:N' or 'mps'")
+    if device_type == 'cpu' and dtype == 'float16':
+        raise ConfigError('dtype=float16 needs CUDA (its GradScaler is CUDA only): on cpu use --dtype=float32 '
+                          'or --dtype=bfloat16')
+    return device_type

@@ -1,0 +1,65 @@
+"""What train.py tells the user when a step or an evaluation runs out of memory: a short summary and the next step.
+
+oom_advice is pure (numbers in, text out) so it can be tested without a GPU; cuda_memory_stats reads the numbers.
+"""
+import torch
+
+GIB = 2 ** 30
+
+
+def cuda_memory_stats(device):
+    """Allocated, reserved and peak bytes of `device` now, and its total memory."""
+    return dict(allocated=torch.cuda.memory_allocated(device), reserved=torch.cuda.memory_reserved(device),
+                peak=torch.cuda.max_memory_allocated(device),
+                total=torch.cuda.get_device_properties(device).total_memory)
+
+
+def fitting_batch_size(batch_size, fixed, peak, total):
+    """The largest micro-batch that should fit, assuming memory beyond `fixed` (weights etc., allocated before the
+    first forward) grows linearly with the batch: batch * (total - fixed) / (peak - fixed), rounded down. At least 1,
+    and below `batch_size`, which did not fit (the peak misses the allocation that failed)."""
+    if peak > fixed:
+        batch = int(batch_size * (total - fixed) / (peak - fixed))
+    else:
+        batch = batch_size // 2  # no growth measured: halve
+    return max(1, min(batch, batch_size - 1))
+
+
+def keep_tokens(batch_size, gradient_accumulation_steps, world_size, fit):
+    """(micro-batch <= fit, gradient_accumulation_steps) with the same samples per optimizer step as now, the steps
+    still divisible by world_size (train.py requires it); micro-batch 1 always qualifies."""
+    samples = batch_size * gradient_accumulation_steps
+    batch = next(b for b in range(fit, 0, -1) if samples % (b * world_size) == 0)
+    return batch, samples // batch
+
+
+def oom_advice(phase, batch_size, gradient_accumulation_steps, world_size, activation_checkpointing, stats=None,
+               fixed=0):
+    """The message for an out-of-memory error in `phase` ('training' or 'evaluation').
+
+    batch_size is the micro-batch of that phase (eval_batch_size for evaluation); gradient_accumulation_steps and
+    world_size are the configured (global) values. stats: cuda_memory_stats(), or None where there are none (cpu)."""
+    lines = [f'out of memory during {phase} at micro-batch {batch_size}.']
+    if stats is not None:
+        lines.append(f"memory: allocated {stats['allocated'] / GIB:.2f} GiB, reserved {stats['reserved'] / GIB:.2f} "
+                     f"GiB, peak {stats['peak'] / GIB:.2f} GiB, card total {stats['total'] / GIB:.2f} GiB "
+                     f"(before the first forward: {fixed / GIB:.2f} GiB)")
+        fit = fitting_batch_size(batch_size, fixed, stats['peak'], stats['total'])
+    else:
+        fit = max(1, batch_size // 2)
+    if phase == 'evaluation':
+        if batch_size > 1:
+            lines.append(f'next step: --eval_batch_size={fit} (evaluation only; training is unchanged)')
+        else:
+            lines.append('next step: a smaller block_size or model; the evaluation batch is already 1')
+        return '\n'.join(lines)
+    steps = []
+    if batch_size > 1:
+        batch, accumulation = keep_tokens(batch_size, gradient_accumulation_steps, world_size, fit)
+        steps.append(f'--batch_size={batch} --gradient_accumulation_steps={accumulation} (same tokens per step)')
+    if not activation_checkpointing:
+        steps.append('--activation_checkpointing=True (recomputes activations in backward, ~30% slower)')
+    if not steps:
+        steps.append('a smaller block_size or model: batch 1 with activation checkpointing does not fit')
+    lines.append('next step: ' + ', or '.join(steps))
+    return '\n'.join(lines)

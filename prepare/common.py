@@ -1,0 +1,146 @@
+"""Shared by the prepare/ scripts: command-line options, input download, the train/val split, all-or-nothing
+writing of nanoGPT's train.bin/val.bin (uint16 token ids) and meta.pkl, and tiktoken encodings with clear errors."""
+import contextlib
+import os
+import pickle
+import shutil
+import sys
+import urllib.request
+
+import numpy as np
+import tiktoken
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
+UINT16_IDS = 2 ** 16  # train.bin/val.bin hold uint16 ids, so a vocabulary may have at most this many tokens
+TRAIN_FRACTION = 0.9  # nanoGPT's shakespeare split: the first 90% of the text trains, the rest validates
+
+
+class PrepareError(Exception):
+    """A problem the user can fix; str(e) is the one-line message."""
+
+
+def run_main(main):
+    """Run a script's main(); a PrepareError becomes one line on stderr and exit status 1."""
+    try:
+        main()
+    except PrepareError as e:
+        sys.exit(f'error: {e}')
+
+
+def one_line(exc, limit=160):
+    """The first line of an exception's message, shortened, for embedding in a one-line error."""
+    lines = str(exc).strip().splitlines()
+    line = lines[0] if lines else type(exc).__name__
+    return line if len(line) <= limit else line[:limit - 3] + '...'
+
+
+def default_out_dir(name):
+    """data/<name>/ next to train.py, whatever the current directory, where `train.py --dataset=<name>` looks."""
+    return os.path.join(REPO_ROOT, 'data', name)
+
+
+def add_out_dir_arg(parser, name):
+    parser.add_argument('--out_dir', default=default_out_dir(name),
+                        help=f'where train.bin/val.bin go (default: data/{name}/ of this repository)')
+
+
+def add_text_args(parser, name):
+    """--input, --url and --out_dir of the scripts that prepare one text file."""
+    parser.add_argument('--input', metavar='PATH',
+                        help='text file to use; default: OUT_DIR/input.txt, downloaded from --url when absent')
+    parser.add_argument('--url', default=SHAKESPEARE_URL,
+                        help='where to download input.txt from (default: %(default)s)')
+    add_out_dir_arg(parser, name)
+
+
+def add_encoding_arg(parser):
+    parser.add_argument('--encoding', default='gpt2',
+                        help='tiktoken encoding (default: %(default)s); '
+                             'offline, set TIKTOKEN_CACHE_DIR to a folder holding its cached files')
+
+
+def download(url, path):
+    """Fetch `url` into `path` through a temporary file, so a failed download leaves nothing behind."""
+    print(f'downloading {url} to {path}')
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            os.makedirs(os.path.dirname(path), exist_ok=True)  # once the server answers: offline, nothing is created
+            with atomic_files(path) as (tmp,), open(tmp, 'wb') as f:
+                shutil.copyfileobj(response, f)
+    except (OSError, ValueError) as e:  # URLError, HTTPError and timeouts are OSErrors; a malformed URL is a ValueError
+        raise PrepareError(f'could not download {url} ({one_line(e)}); '
+                           f'fetch the file another way and pass --input PATH') from None
+
+
+def read_text(input_path, url, out_dir):
+    """The text of `input_path`, or of out_dir/input.txt, which is downloaded from `url` when absent (as nanoGPT)."""
+    if input_path is None:
+        input_path = os.path.join(out_dir, 'input.txt')
+        if not os.path.exists(input_path):
+            download(url, input_path)
+    try:
+        with open(input_path, encoding='utf-8') as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise PrepareError(f'cannot read {input_path} ({one_line(e)}); '
+                           f'pass a UTF-8 text file with --input PATH') from None
+
+
+def split_text(text):
+    """nanoGPT's split: the first 90% of the characters for training, the rest for validation."""
+    cut = int(len(text) * TRAIN_FRACTION)
+    if cut == 0 or cut == len(text):
+        raise PrepareError(f'the input has {len(text)} characters, too few to split 90/10; '
+                           f'pass a longer text with --input PATH')
+    return text[:cut], text[cut:]
+
+
+def check_fits_uint16(vocab_size, what):
+    if vocab_size > UINT16_IDS:
+        raise PrepareError(f'{what} has {vocab_size:,} tokens but train.bin/val.bin store uint16 ids '
+                           f'(at most {UINT16_IDS:,}); use a smaller vocabulary')
+
+
+def get_encoding(name):
+    """tiktoken.get_encoding(name), with one-line errors for an unknown name and for files that cannot be fetched."""
+    names = tiktoken.list_encoding_names()
+    if name not in names:
+        raise PrepareError(f'--encoding {name!r} is not a tiktoken encoding; choose one of: {", ".join(names)}')
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception as e:  # tiktoken downloads its BPE files on first use; whatever fails there, the fix is the cache
+        raise PrepareError(f'could not load the tiktoken {name!r} files ({one_line(e)}); offline, set '
+                           f'TIKTOKEN_CACHE_DIR to a folder holding tiktoken\'s cached {name} files') from None
+
+
+@contextlib.contextmanager
+def atomic_files(*paths):
+    """Yield temporary names next to `paths`; they replace `paths` only if the block succeeds, else they are removed.
+
+    Same directory, so os.replace is a rename: readers see the old files or the complete new ones, never a half.
+    """
+    tmps = [f'{path}.tmp' for path in paths]
+    try:
+        yield tmps
+    except BaseException:
+        for tmp in tmps:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+        raise
+    for tmp, path in zip(tmps, paths):
+        os.replace(tmp, path)
+
+
+def write_splits(out_dir, splits, meta=None):
+    """Write each split's ids to out_dir/<split>.bin as uint16, and `meta` to out_dir/meta.pkl: all or nothing."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, f'{split}.bin') for split in splits]
+    if meta is not None:
+        paths.append(os.path.join(out_dir, 'meta.pkl'))
+    with atomic_files(*paths) as tmps:
+        for ids, tmp in zip(splits.values(), tmps):
+            np.array(ids, dtype=np.uint16).tofile(tmp)
+        if meta is not None:
+            with open(tmps[-1], 'wb') as f:
+                pickle.dump(meta, f)

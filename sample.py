@@ -1,0 +1,136 @@
+"""
+Sample from a trained model, as nanoGPT's sample.py:
+$ python sample.py --out_dir=out-shakespeare-char
+$ python sample.py --init_from=gpt2-xl --start="What is the answer to life?" --num_samples=5
+
+A checkpoint's tokens are decoded with the meta.pkl of the dataset it was trained on (data_dir/dataset from its
+config), and with GPT-2's BPE (tiktoken) when there is none. `--start=FILE:prompt.txt` reads the prompt from a file.
+"""
+import os
+import sys
+import pickle
+from contextlib import nullcontext
+
+import torch
+
+import configurator
+from configurator import ConfigError, fail
+from checkpoint import CheckpointError, first_line, load_checkpoint, load_model_state
+from model import GPTConfig, GPT
+from prepare.common import PrepareError, get_encoding
+
+# -----------------------------------------------------------------------------
+system = configurator.train_defaults() # device and dtype default as in train.py: the GPU if there is one
+defaults = dict(
+    init_from='resume', # either 'resume' (from an out_dir) or a gpt2 variant (e.g. 'gpt2-xl')
+    out_dir='out', # ignored if init_from is not 'resume'
+    start="\n", # or "<|endoftext|>" or etc. Can also specify a file, use as: "FILE:prompt.txt"
+    num_samples=10, # number of samples to draw
+    max_new_tokens=500, # number of tokens generated in each sample
+    temperature=0.8, # 1.0 = no change, < 1.0 = less random, > 1.0 = more random, in predictions
+    top_k=200, # retain only the top_k most likely tokens, clamp others to have 0 probability
+    seed=1337,
+    device=system['device'], # examples: 'cpu', 'cuda', 'cuda:0', 'cuda:1', etc.
+    dtype=system['dtype'], # 'float32' or 'bfloat16' or 'float16'
+    compile=False, # use PyTorch 2.0 to compile the model to be faster
+)
+try:
+    config = configurator.load_config(defaults, sys.argv[1:])
+    device_type = configurator.check_device(config['device'], config['dtype'])
+except ConfigError as e:
+    fail(e)
+globals().update(config)
+if temperature <= 0:
+    fail(f'temperature must be positive, got {temperature}: lower values sample more greedily')
+if top_k < 1:
+    fail(f'top_k must be at least 1, got {top_k}')
+# -----------------------------------------------------------------------------
+
+torch.manual_seed(seed)
+torch.cuda.manual_seed(seed)
+ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+
+# model
+if init_from == 'resume':
+    # init from a model saved in a specific directory
+    try:
+        checkpoint = load_checkpoint(out_dir, device)
+        model = GPT(GPTConfig(**checkpoint['model_args']))
+        load_model_state(model, checkpoint, out_dir)
+    except CheckpointError as e:
+        fail(e)
+elif init_from in GPT.PRETRAINED_ARGS:
+    # init from a given GPT-2 model
+    try:
+        model = GPT.from_pretrained(init_from, dict(dropout=0.0))
+    except Exception as e: # no transformers, no network, no cached weights: the fixes are the same
+        fail(f'could not load the {init_from} weights ({first_line(e)}): pip install transformers, and download '
+             f'them once with network access (Hugging Face cache)')
+else:
+    fail(f"unknown init_from {init_from!r}: use 'resume' or one of {', '.join(GPT.PRETRAINED_ARGS)}")
+
+model.eval()
+model.to(device)
+if compile:
+    model = torch.compile(model) # requires PyTorch 2.0 (optional)
+
+# look for the meta pickle in case it is available in the dataset folder
+meta_path = None
+if init_from == 'resume' and 'dataset' in checkpoint.get('config', {}):
+    train_config = checkpoint['config']
+    meta_path = os.path.join(train_config.get('data_dir', 'data'), train_config['dataset'], 'meta.pkl')
+vocab_size = model.config.vocab_size
+if meta_path is not None and os.path.exists(meta_path):
+    print(f"Loading meta from {meta_path}...")
+    try:
+        with open(meta_path, 'rb') as f:
+            meta = pickle.load(f)
+        stoi, itos = meta['stoi'], meta['itos']
+    except Exception as e: # a corrupt or foreign file: whatever failed, the fix is to prepare the dataset again
+        fail(f'cannot read {meta_path} ({first_line(e)}): prepare the dataset again')
+    if meta['vocab_size'] > vocab_size:
+        fail(f"{meta_path} has vocab_size {meta['vocab_size']} but the model's is {vocab_size}: "
+             f"it is not the dataset this model was trained on")
+
+    def encode(s):
+        unknown = sorted(set(s) - set(stoi))
+        if unknown:
+            fail(f"start has characters that {meta_path} does not know: {''.join(unknown)!r}")
+        return [stoi[c] for c in s]
+
+    def decode(ids):
+        return ''.join([itos[i] for i in ids])
+else:
+    if vocab_size < 50257:
+        fail(f"the model's vocab_size is {vocab_size}, too small for GPT-2's tokens, and its dataset's meta.pkl "
+             f"({meta_path or 'none recorded'}) is not there: prepare that dataset again")
+    # ok let's assume gpt-2 encodings by default
+    print("No meta.pkl found, assuming GPT-2 encodings...")
+    try:
+        enc = get_encoding('gpt2')
+    except PrepareError as e:
+        fail(e)
+    encode = lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})
+    decode = lambda l: enc.decode(l)
+checkpoint = None # free up memory
+
+# encode the beginning of the prompt
+if start.startswith('FILE:'):
+    try:
+        with open(start[5:], 'r', encoding='utf-8') as f:
+            start = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f'cannot read the start file {start[5:]} ({first_line(e)})')
+start_ids = encode(start)
+if not start_ids:
+    fail('start is empty: give at least one character (the default is a newline)')
+x = (torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...])
+
+# run generation
+with torch.no_grad():
+    with ctx:
+        for k in range(num_samples):
+            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k)
+            print(decode(y[0].tolist()))
+            print('---------------')

@@ -1,0 +1,46 @@
+"""Every config/ file loads through configurator.py with train.py's keys; the 12 GB OpenWebText preset's batch shape."""
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import configurator  # noqa: E402
+
+CONFIG_FILES = sorted((ROOT / 'config').glob('*.py'))
+
+
+def load(path):
+    return configurator.load_config(configurator.train_defaults(), [str(path)])
+
+
+def test_config_directory_has_the_presets():
+    names = {path.name for path in CONFIG_FILES}
+    assert {'train_gpt2.py', 'train_shakespeare_char.py', 'finetune_shakespeare.py', 'eval_gpt2.py',
+            'train_openwebtext_12gb.py', 'train_shakespeare_char_12gb.py', 'finetune_shakespeare_12gb.py'} <= names
+
+
+@pytest.mark.parametrize('path', CONFIG_FILES, ids=lambda path: path.name)
+def test_config_loads_with_train_keys(path):
+    config = load(path)
+    assert set(config) == set(configurator.train_defaults())
+
+
+def test_openwebtext_12gb_batch_shape():
+    path = ROOT / 'config' / 'train_openwebtext_12gb.py'
+    config = load(path)
+    assert config['dataset'] == 'openwebtext'
+    assert (config['batch_size'], config['gradient_accumulation_steps'], config['block_size']) == (8, 64, 1024)
+    assert config['batch_size'] * config['gradient_accumulation_steps'] * config['block_size'] == 524_288
+    assert config['eval_iters'] == 50
+    assigned = {target.id for node in ast.parse(path.read_text()).body if isinstance(node, ast.Assign)
+                for target in node.targets if isinstance(target, ast.Name)}
+    assert 'compile' in assigned
+
+
+def test_finetune_12gb_uses_gpt2_medium_with_checkpointing():
+    config = load(ROOT / 'config' / 'finetune_shakespeare_12gb.py')
+    assert config['init_from'] == 'gpt2-medium' and config['activation_checkpointing'] is True
+    assert (config['batch_size'], config['block_size'], config['gradient_accumulation_steps']) == (1, 1024, 32)

@@ -1,0 +1,112 @@
+"""configurator.py: nanoGPT's config files and --key=value overrides, train.py's defaults, and one-line errors."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import configurator  # noqa: E402
+from configurator import ConfigError, load_config  # noqa: E402
+
+DEFAULTS = {'batch_size': 12, 'learning_rate': 6e-4, 'compile': True, 'dataset': 'openwebtext',
+            'wandb_run_name': 'gpt2', 'top_k': None}
+
+
+def write(tmp_path, text, name='cfg.py'):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_files_then_overrides_in_order(tmp_path):
+    path = write(tmp_path, "batch_size = 32\ndataset = 'shakespeare_char'\nlearning_rate = batch_size * 1e-5\n")
+    config = load_config(DEFAULTS, [path, '--batch_size=64', '--compile=False'])
+    assert config == {**DEFAULTS, 'batch_size': 64, 'learning_rate': 32e-5, 'compile': False,
+                      'dataset': 'shakespeare_char'}
+    assert DEFAULTS['batch_size'] == 12  # a new dict: the defaults are untouched
+
+
+def test_override_values_parse_as_nanogpt():
+    config = load_config(DEFAULTS, ['--learning_rate=1', '--dataset=shakespeare_char', '--wandb_run_name=123',
+                                    '--top_k=[1, 2]', "--dataset='quoted'"])
+    assert config['learning_rate'] == 1.0 and type(config['learning_rate']) is float  # an int for a float key
+    assert config['dataset'] == 'quoted'  # literal_eval of a quoted string
+    assert config['wandb_run_name'] == '123'  # a str key keeps the text
+    assert config['top_k'] == [1, 2]  # a None default accepts anything
+
+
+def test_config_file_sees_current_values_and_keeps_helpers(tmp_path):
+    path = write(tmp_path, "import time\ntokens_per_step = batch_size * 1024\nbatch_size = batch_size * 2\n")
+    config = load_config(DEFAULTS, ['--batch_size=3', path])
+    assert config['batch_size'] == 6 and set(config) == set(DEFAULTS)
+
+
+def test_unknown_key_names_the_closest(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(DEFAULTS, ['--batch_sise=8'])
+    assert '--batch_sise' in str(e.value) and '--batch_size' in str(e.value)
+    with pytest.raises(ConfigError, match='learning_rat.*--learning_rate'):
+        load_config(DEFAULTS, [write(tmp_path, 'learning_rat = 1e-3\n')])
+
+
+def test_wrong_type_names_key_type_and_value(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(DEFAULTS, ['--batch_size=big'])
+    message = str(e.value)
+    assert 'batch_size' in message and 'int' in message and "'big'" in message and '\n' not in message
+    with pytest.raises(ConfigError, match="compile must be bool.*got int 1"):
+        load_config(DEFAULTS, ['--compile=1'])
+    with pytest.raises(ConfigError, match=r'cfg.py.*batch_size must be int.*got float 8\.5'):
+        load_config(DEFAULTS, [write(tmp_path, 'batch_size = 8.5\n')])
+
+
+def test_missing_or_broken_config_file(tmp_path):
+    with pytest.raises(ConfigError, match='config file .*nope.py not found'):
+        load_config(DEFAULTS, [str(tmp_path / 'nope.py')])
+    with pytest.raises(ConfigError, match='bad.py.*NameError'):
+        load_config(DEFAULTS, [write(tmp_path, 'batch_size = undefined_name\n', 'bad.py')])
+    with pytest.raises(ConfigError, match='expected --key=value'):
+        load_config(DEFAULTS, ['--batch_size'])
+
+
+def test_help_lists_keys_with_defaults(capsys):
+    with pytest.raises(SystemExit) as e:
+        load_config(DEFAULTS, ['--help'])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert '--batch_size=12' in out and "--dataset='openwebtext'" in out and '--top_k=None' in out
+
+
+def test_train_defaults_are_train_py_keys():
+    defaults = configurator.train_defaults()
+    contract_keys = {'out_dir', 'eval_interval', 'log_interval', 'eval_iters', 'eval_only', 'always_save_checkpoint',
+                     'init_from', 'wandb_log', 'wandb_project', 'wandb_run_name', 'dataset',
+                     'gradient_accumulation_steps', 'batch_size', 'block_size', 'n_layer', 'n_head', 'n_embd',
+                     'dropout', 'bias', 'learning_rate', 'max_iters', 'weight_decay', 'beta1', 'beta2', 'grad_clip',
+                     'decay_lr', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'backend', 'device', 'dtype', 'compile',
+                     'seed', 'eval_batch_size', 'activation_checkpointing', 'auto_batch_size', 'data_dir'}
+    assert set(defaults) == contract_keys
+    assert (defaults['seed'], defaults['eval_batch_size'], defaults['data_dir']) == (1337, 0, 'data')
+    assert defaults['activation_checkpointing'] is False and defaults['auto_batch_size'] is False
+    if not torch.cuda.is_available():
+        assert (defaults['device'], defaults['dtype'], defaults['compile'], defaults['backend']) == \
+            ('cpu', 'float32', False, 'gloo')
+
+
+@pytest.mark.parametrize('device, dtype, match', [
+    ('cpu', 'float8', "unknown dtype 'float8'"),
+    ('tpu', 'float32', "device 'tpu'"),
+    ('cpu', 'float16', 'float16 needs CUDA'),
+])
+def test_check_device_errors(device, dtype, match):
+    with pytest.raises(ConfigError, match=match):
+        configurator.check_device(device, dtype)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='needs a machine without CUDA')
+def test_check_device_without_cuda():
+    with pytest.raises(ConfigError, match='CUDA is not available'):
+        configurator.check_device('cuda', 'float32')
+    assert configurator.check_device('cpu', 'bfloat16') == 'cpu'  # bf16 autocast on cpu, when asked

@@ -1,0 +1,176 @@
+"""estimate_memory.py: the traced peak against a real CPU run, the 12 GB presets, the naive loss's full logits,
+the micro-batch search, pick_batch_size and the one-line errors. Tiny models except where GPT-2 124M is the point."""
+import gc
+import json
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import estimate_memory as em  # noqa: E402
+from checkpoint import save_checkpoint  # noqa: E402
+from configurator import ConfigError  # noqa: E402
+
+GIB = 2 ** 30
+PRESETS_12GB = sorted((ROOT / 'config').glob('*12gb*.py'))
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """A config of a 2-layer GPT with a 96-token vocabulary (meta.pkl), fp32, 2 micro-steps, clipping on."""
+    (tmp_path / 'tiny').mkdir()
+    with open(tmp_path / 'tiny' / 'meta.pkl', 'wb') as f:
+        pickle.dump({'vocab_size': 96}, f)
+    return {**em.estimator_defaults(), 'data_dir': str(tmp_path), 'dataset': 'tiny', 'init_from': 'scratch',
+            'n_layer': 2, 'n_head': 2, 'n_embd': 64, 'block_size': 32, 'bias': True, 'dropout': 0.0,
+            'batch_size': 4, 'gradient_accumulation_steps': 2, 'eval_batch_size': 0, 'grad_clip': 1.0,
+            'dtype': 'float32', 'activation_checkpointing': False}
+
+
+def gpt2_config(batch_size, **overrides):
+    """GPT-2 124M from scratch, block 1024, bf16, one micro-step; a small evaluation batch keeps the trace short."""
+    return {**em.estimator_defaults(), 'init_from': 'scratch', 'dataset': 'openwebtext', 'n_layer': 12, 'n_head': 12,
+            'n_embd': 768, 'block_size': 1024, 'bias': False, 'dropout': 0.0, 'batch_size': batch_size,
+            'gradient_accumulation_steps': 1, 'eval_batch_size': 1, 'dtype': 'bfloat16', **overrides}
+
+
+def real_cpu_peak(config):
+    """Peak of allocated bytes over a real CPU run of build + train_iterations, from the profiler's memory events
+    (each event is +bytes or -bytes, in time order)."""
+    gc.collect()  # nothing allocated before the profile may be freed during it
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model, optimizer = em.build(config, config['activation_checkpointing'])
+        em.train_iterations(model, optimizer, config, config['batch_size'], 'cpu')
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == '[memory]'),
+                    key=lambda e: e.start_ns())
+    current = peak = 0
+    for event in events:
+        current += event.nbytes()
+        peak = max(peak, current)
+    return peak
+
+
+@pytest.mark.parametrize('checkpointing', [False, True])
+def test_traced_peak_matches_real_cpu_peak(tiny, checkpointing):
+    config = {**tiny, 'activation_checkpointing': checkpointing}
+    traced = em.trace(config, alignment=1)['train']['peak_bytes']  # the CPU allocator does not round to 512
+    real = real_cpu_peak(config)
+    assert traced == pytest.approx(real, rel=0.02)
+
+
+def test_breakdown_sums_to_peak_and_names_the_parts(tiny):
+    result = em.trace(tiny)
+    for phase in ('train', 'eval'):
+        assert sum(result[phase]['breakdown'].values()) == result[phase]['peak_bytes']
+    breakdown = result['train']['breakdown']
+    params = sum(p.numel() for p in em.build(tiny, False)[0].parameters())
+    assert breakdown['parameters'] >= 4 * params and breakdown['optimizer_state'] >= 8 * params
+    assert breakdown['gradients'] >= 4 * params  # 2 micro-steps: the gradients exist during the 2nd forward
+    assert breakdown['activations'] > 0 and breakdown['ddp_gradient_buckets'] == 0
+
+
+def test_ddp_adds_a_copy_of_the_gradients(tiny):
+    tiny = {**tiny, 'gradient_accumulation_steps': 4}  # 2 micro-steps per rank either way
+    single = em.trace(tiny, evaluate=False)['train']
+    ddp = em.trace({**tiny, 'world_size': 2}, evaluate=False)['train']
+    params = sum(p.numel() for p in em.build(tiny, False)[0].parameters())
+    assert ddp['breakdown']['ddp_gradient_buckets'] == pytest.approx(4 * params, abs=512)
+    assert ddp['peak_bytes'] - single['peak_bytes'] == ddp['breakdown']['ddp_gradient_buckets']
+
+
+def test_resume_takes_the_model_from_the_checkpoint(tiny, tmp_path):
+    model_args = dict(n_layer=3, n_head=2, n_embd=32, block_size=16, bias=False, vocab_size=80, dropout=0.0)
+    save_checkpoint({'model': {}, 'model_args': model_args}, str(tmp_path / 'out'))
+    config = {**tiny, 'init_from': 'resume', 'out_dir': str(tmp_path / 'out'), 'block_size': 16}
+    model = em.trace(config, evaluate=False)['model']
+    assert {k: model[k] for k in ('n_layer', 'n_embd', 'block_size', 'vocab_size', 'bias')} == \
+        dict(n_layer=3, n_embd=32, block_size=16, vocab_size=80, bias=False)
+    with pytest.raises(ConfigError, match='no checkpoint at'):
+        em.trace({**config, 'out_dir': str(tmp_path / 'missing')})
+
+
+@pytest.mark.parametrize('path', PRESETS_12GB, ids=lambda path: path.name)
+def test_12gb_presets_fit_under_11_gib(path):
+    result = em.estimate(em.load_config([str(path)]))
+    assert result['fits']
+    assert result['total_bytes'] < 11 * GIB and result['eval_total_bytes'] < 11 * GIB
+    assert result['total_bytes'] > result['train']['peak_bytes'] + em.CUDA_CONTEXT_BYTES
+
+
+def test_naive_loss_at_batch_64_builds_the_full_logits_and_chunked_does_not():
+    naive = em.trace(gpt2_config(64), loss='naive')['train']
+    logits = {'shape': [65536, 50304], 'dtype': 'bfloat16', 'bytes': 65536 * 50304 * 2, 'category': 'loss_path'}
+    assert logits in naive['largest_loss_path_allocations'] and logits in naive['largest_allocations']
+    assert round(logits['bytes'] / GIB, 2) == 6.14  # the seeds' "Tried to allocate 6.14 GiB"
+    chunked = em.trace(gpt2_config(64))['train']
+    # the loss path holds nothing larger than its own gradients (hidden: 65536 x 768, weight: 50304 x 768, fp32),
+    # so nothing of the (65536, 50304) logits beyond a chunk
+    assert max(a['bytes'] for a in chunked['largest_loss_path_allocations']) <= 65536 * 768 * 4
+    assert chunked['largest_allocations'][0]['bytes'] < GIB // 2  # an MLP activation
+    assert chunked['breakdown']['loss_path'] < GIB // 2
+    assert naive['peak_bytes'] > chunked['peak_bytes'] + 30 * GIB
+
+
+@pytest.mark.parametrize('accumulation, checkpointing', [(1, False), (2, False), (4, True)])
+def test_warm_start_trace_has_the_same_peak_as_two_full_iterations(tiny, accumulation, checkpointing):
+    config = {**tiny, 'gradient_accumulation_steps': accumulation, 'activation_checkpointing': checkpointing}
+    full = em.trace(config, evaluate=False)['train']
+    warm = em.trace(config, evaluate=False, warm_start=True)['train']
+    assert (warm['peak_bytes'], warm['breakdown']) == (full['peak_bytes'], full['breakdown'])
+
+
+def test_find_batch_size_cli_returns_a_fitting_batch_whose_double_does_not_fit(tiny, capsys, monkeypatch):
+    tiny = {**tiny, 'batch_size': 4, 'gradient_accumulation_steps': 32}  # 128 samples of 32 tokens per step
+
+    def estimated_total(batch_size, checkpointing):
+        config = em.rebatched({**tiny, 'activation_checkpointing': checkpointing}, batch_size)
+        return em.total_bytes(em.trace(config, evaluate=False)['train']['peak_bytes'])
+
+    budget_gb = (estimated_total(8, False) + 1) / GIB
+    monkeypatch.setattr(em, 'estimator_defaults', lambda: tiny)
+    em.main(['--find_batch_size', '--json', f'--gpu_memory_gb={budget_gb}'])
+    result = json.loads(capsys.readouterr().out)
+    off, on = result['find_batch_size']
+    assert off['largest_batch_size'] == 8 and on['largest_batch_size'] >= 8
+    for choice in (off, on):
+        largest, checkpointing = choice['largest_batch_size'], choice['activation_checkpointing']
+        assert choice['largest_total_bytes'] == estimated_total(largest, checkpointing) <= result['gpu_memory_bytes']
+        assert estimated_total(2 * largest, checkpointing) > result['gpu_memory_bytes']
+        # the fewest micro-steps with micro-batches up to the largest, then the smallest micro-batch that keeps the
+        # config's 128 samples per step with them
+        accumulation = -(-128 // largest)
+        assert choice['gradient_accumulation_steps'] == accumulation
+        assert choice['batch_size'] == -(-128 // accumulation) <= largest
+        assert choice['tokens_per_step'] == choice['batch_size'] * 32 * accumulation >= 128 * 32
+
+
+def test_pick_batch_size_keeps_tokens_per_step_and_fails_clearly(tiny):
+    free = em.total_bytes(em.trace(em.rebatched(tiny, 3), evaluate=False)['train']['peak_bytes'], cuda_context=False)
+    train_keys = {k: v for k, v in tiny.items() if k not in em.ESTIMATOR_DEFAULTS}  # as train.py passes it
+    assert em.pick_batch_size(train_keys, free) == (3, 3)  # 3 x 3 >= the config's 4 x 2 samples per step
+    with pytest.raises(ConfigError, match='even batch_size=1 needs'):
+        em.pick_batch_size(tiny, 1000)
+
+
+@pytest.mark.parametrize('argv, named', [
+    (['--batchsize=8'], '--batch_size'),
+    (['--gpu_memory_gb=0.1'], 'gpu_memory_gb=0.1'),
+    (['--loss=fused'], "loss 'fused'"),
+    (['--gradient_accumulation_steps=3', '--world_size=2'], 'world_size=2'),
+    (['--init_from=gpt2', '--block_size=2048'], 'block_size=2048'),
+    (['--init_from=gpt3'], "init_from 'gpt3'"),
+    (['--measure'], 'CUDA is not available'),
+])
+def test_bad_input_is_one_line_error(argv, named, capsys):
+    if '--measure' in argv and torch.cuda.is_available():
+        pytest.skip('CUDA is available here')
+    with pytest.raises(SystemExit) as exit_info:
+        em.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith('error: ') and err.count('\n') == 1 and named in err

@@ -1,0 +1,223 @@
+"""prepare/ scripts on small corpora written here: nanoGPT's file formats, round trips, and one-line errors.
+
+No network: BPE goes through a tiny tiktoken Encoding built here; gpt2 checks run only when tiktoken's gpt2 files
+are already cached (e.g. TIKTOKEN_CACHE_DIR pointing at them)."""
+import hashlib
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiktoken
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from prepare import common, openwebtext, shakespeare, shakespeare_char  # noqa: E402
+
+EOT = 50256
+GPT2_FILES = ['https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe',
+              'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json']
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+CORPUS = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+          "First Citizen:\nYou are all resolved rather to die than to famish?\n"
+          "Caf\u00e9 \u00e0 la th\u00e9\u00e2tre.\n") * 3
+
+
+def tiny_encoding(special_id=EOT):
+    """Byte-level BPE: the 256 bytes, a few merges, and <|endoftext|> (50256 as in gpt2)."""
+    ranks = {bytes([b]): b for b in range(256)}
+    for merge in [b'th', b'he', b'the', b'in', b'er', b' s', b' t', b' the']:
+        ranks[merge] = len(ranks)
+    return tiktoken.Encoding(name='tiny', pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+                             special_tokens={'<|endoftext|>': special_id})
+
+
+def gpt2_cached():
+    cache = (os.environ.get('TIKTOKEN_CACHE_DIR') or os.environ.get('DATA_GYM_CACHE_DIR')
+             or os.path.join(tempfile.gettempdir(), 'data-gym-cache'))
+    return all(os.path.exists(os.path.join(cache, hashlib.sha1(url.encode()).hexdigest())) for url in GPT2_FILES)
+
+
+def read_bin(path):
+    assert path.stat().st_size % 2 == 0
+    return np.fromfile(path, dtype=np.uint16)
+
+
+def run_script(name, *args, cwd):
+    return subprocess.run([sys.executable, str(ROOT / 'prepare' / f'{name}.py'), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_char_outputs_round_trip(tmp_path):
+    n_train, n_val = shakespeare_char.prepare(CORPUS, tmp_path)
+    assert (n_train, n_val) == (int(len(CORPUS) * 0.9), len(CORPUS) - int(len(CORPUS) * 0.9))
+    with open(tmp_path / 'meta.pkl', 'rb') as f:
+        meta = pickle.load(f)
+    assert set(meta) == {'vocab_size', 'itos', 'stoi'}
+    assert meta['vocab_size'] == len(set(CORPUS))
+    assert [meta['itos'][i] for i in range(meta['vocab_size'])] == sorted(set(CORPUS))
+    assert all(meta['itos'][i] == ch for ch, i in meta['stoi'].items())
+    train, val = read_bin(tmp_path / 'train.bin'), read_bin(tmp_path / 'val.bin')
+    assert (len(train), len(val)) == (n_train, n_val)
+    assert ''.join(meta['itos'][int(i)] for i in np.concatenate([train, val])) == CORPUS
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['meta.pkl', 'train.bin', 'val.bin']
+
+
+def test_char_script_runs_from_any_directory(tmp_path):
+    corpus = tmp_path / 'corpus.txt'
+    corpus.write_text(CORPUS, encoding='utf-8')
+    result = run_script('shakespeare_char', '--input', str(corpus), '--out_dir', 'out', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f'length of dataset in characters: {len(CORPUS):,}' in result.stdout
+    assert f'vocab size: {len(set(CORPUS)):,}' in result.stdout
+    assert f'train has {int(len(CORPUS) * 0.9):,} tokens' in result.stdout
+    assert len(read_bin(tmp_path / 'out' / 'train.bin')) + len(read_bin(tmp_path / 'out' / 'val.bin')) == len(CORPUS)
+
+
+def test_default_out_dir_is_data_next_to_train_py():
+    assert Path(common.default_out_dir('shakespeare_char')) == ROOT / 'data' / 'shakespeare_char'
+
+
+def test_failed_download_is_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / 'out'
+    result = run_script('shakespeare_char', '--url', 'http://127.0.0.1:9/input.txt', '--out_dir', str(out),
+                        cwd=tmp_path)
+    assert result.returncode != 0
+    error = result.stderr.strip()
+    assert len(error.splitlines()) == 1 and error.startswith('error: could not download')
+    assert '--input PATH' in error
+    assert not out.exists()
+
+
+def test_failed_download_keeps_existing_outputs(tmp_path, monkeypatch):
+    def unreachable(url, timeout):
+        raise OSError('network is unreachable')
+    monkeypatch.setattr(common.urllib.request, 'urlopen', unreachable)
+    (tmp_path / 'train.bin').write_bytes(b'old')
+    with pytest.raises(common.PrepareError, match='--input PATH'):
+        shakespeare_char.main(['--out_dir', str(tmp_path)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['train.bin']
+    assert (tmp_path / 'train.bin').read_bytes() == b'old'
+
+
+def test_atomic_files_replace_all_or_nothing(tmp_path):
+    paths = [tmp_path / 'train.bin', tmp_path / 'val.bin']
+    for path in paths:
+        path.write_bytes(b'old')
+    with pytest.raises(RuntimeError):
+        with common.atomic_files(*paths) as tmps:
+            Path(tmps[0]).write_bytes(b'new')
+            raise RuntimeError('interrupted after the first file')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['train.bin', 'val.bin']
+    assert all(path.read_bytes() == b'old' for path in paths)
+    with common.atomic_files(*paths) as tmps:
+        for tmp in tmps:
+            Path(tmp).write_bytes(b'new')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['train.bin', 'val.bin']
+    assert all(path.read_bytes() == b'new' for path in paths)
+
+
+def test_too_short_input_is_an_error(tmp_path):
+    with pytest.raises(common.PrepareError, match='too few to split'):
+        shakespeare_char.prepare('a', tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bpe_outputs_round_trip(tmp_path):
+    enc = tiny_encoding()
+    n_train, n_val = shakespeare.prepare(CORPUS, tmp_path, enc)
+    cut = int(len(CORPUS) * 0.9)
+    train, val = read_bin(tmp_path / 'train.bin'), read_bin(tmp_path / 'val.bin')
+    assert train.tolist() == enc.encode_ordinary(CORPUS[:cut]) and len(train) == n_train
+    assert val.tolist() == enc.encode_ordinary(CORPUS[cut:]) and len(val) == n_val
+    assert max(train) >= 256  # the merges were used
+    assert enc.decode(np.concatenate([train, val]).tolist()) == CORPUS
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['train.bin', 'val.bin']
+
+
+def test_vocabulary_too_large_for_uint16_writes_nothing(tmp_path):
+    with pytest.raises(common.PrepareError, match='uint16'):
+        shakespeare.prepare(CORPUS, tmp_path, tiny_encoding(special_id=70000))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_encoding_errors_are_one_line(monkeypatch):
+    with pytest.raises(common.PrepareError, match="'gpt3' is not a tiktoken encoding; choose one of: .*gpt2"):
+        common.get_encoding('gpt3')
+
+    def offline(name):
+        raise ConnectionError('Failed to resolve openaipublic.blob.core.windows.net\nsecond line')
+    monkeypatch.setattr(tiktoken, 'get_encoding', offline)
+    with pytest.raises(common.PrepareError) as info:
+        common.get_encoding('gpt2')
+    assert 'TIKTOKEN_CACHE_DIR' in str(info.value) and '\n' not in str(info.value)
+
+
+def write_documents(path, count=40):
+    docs = [f'Document {i}: the {"quick " * (i % 7)}brown fox, th\u00e9 {i * i}.' for i in range(count)]
+    with open(path, 'w', encoding='utf-8') as f:
+        for i, doc in enumerate(docs):
+            f.write(json.dumps({'id': i, 'body': doc}) + '\n')
+    return docs
+
+
+def split_documents(ids):
+    """Token stream -> the documents it holds, cut at each end-of-text."""
+    ends = np.flatnonzero(ids == EOT)
+    assert len(ends) and ends[-1] == len(ids) - 1
+    return [ids[start:end] for start, end in zip(np.r_[0, ends[:-1] + 1], ends)]
+
+
+def test_openwebtext_cli_on_local_jsonl(tmp_path, monkeypatch):
+    enc = tiny_encoding()
+    monkeypatch.setattr(tiktoken, 'get_encoding', lambda name: enc)  # stands in for gpt2
+    docs = write_documents(tmp_path / 'docs.jsonl')
+    out = tmp_path / 'out'
+    openwebtext.main(['--dataset', 'json', '--data_files', str(tmp_path / 'docs.jsonl'), '--text_column', 'body',
+                      '--test_size', '0.1', '--num_proc', '2', '--cache_dir', str(tmp_path / 'hf'),
+                      '--out_dir', str(out)])
+    assert sorted(p.name for p in out.iterdir()) == ['train.bin', 'val.bin']
+    train, val = read_bin(out / 'train.bin'), read_bin(out / 'val.bin')
+    assert len(train) + len(val) == sum(len(enc.encode_ordinary(doc)) + 1 for doc in docs)
+    train_docs, val_docs = split_documents(train), split_documents(val)
+    assert (len(train_docs), len(val_docs)) == (36, 4)
+    decoded = [enc.decode(doc.tolist()) for doc in train_docs + val_docs]
+    assert sorted(decoded) == sorted(docs)
+    assert decoded != docs  # documents were shuffled before the split
+
+
+def test_openwebtext_text_files_and_bad_column(tmp_path):
+    lines = [f'line {i} of the corpus' for i in range(30)]
+    (tmp_path / 'a.txt').write_text('\n'.join(lines) + '\n', encoding='utf-8')
+    splits = openwebtext.load_splits('text', data_files=[str(tmp_path / 'a.txt')], test_size=0.0005,
+                                     cache_dir=str(tmp_path / 'hf'))
+    assert (len(splits['train']), len(splits['val'])) == (29, 1)  # nanoGPT's fraction still leaves one val document
+    with pytest.raises(common.PrepareError, match="--text_column 'body' is not in the dataset; its columns: text"):
+        openwebtext.prepare(splits, tmp_path / 'out', tiny_encoding(), text_column='body')
+    counts = openwebtext.prepare(splits, tmp_path / 'out', tiny_encoding())
+    assert counts['val'] == len(read_bin(tmp_path / 'out' / 'val.bin'))
+    assert len(split_documents(read_bin(tmp_path / 'out' / 'train.bin'))) == 29
+
+
+def test_openwebtext_missing_files_is_one_line(tmp_path):
+    with pytest.raises(common.PrepareError) as info:
+        openwebtext.load_splits('json', data_files=[str(tmp_path / 'missing.jsonl')], cache_dir=str(tmp_path / 'hf'))
+    assert '--data_files PATH' in str(info.value) and '\n' not in str(info.value)
+
+
+def test_default_num_proc_is_about_half_the_cores():
+    assert openwebtext.default_num_proc() == max(1, (os.cpu_count() or 1) // 2)
+
+
+@pytest.mark.skipif(not gpt2_cached(), reason="tiktoken's gpt2 files are not cached (set TIKTOKEN_CACHE_DIR)")
+def test_gpt2_encoding(tmp_path):
+    enc = common.get_encoding('gpt2')
+    assert enc.encode_ordinary('hello world') == [31373, 995] and enc.eot_token == EOT
+    shakespeare.prepare(CORPUS, tmp_path, enc)
+    ids = np.concatenate([read_bin(tmp_path / 'train.bin'), read_bin(tmp_path / 'val.bin')])
+    assert enc.decode(ids.tolist()) == CORPUS

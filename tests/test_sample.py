@@ -1,0 +1,57 @@
+"""sample.py on the tiny run's checkpoint: text decoded with the dataset's meta.pkl, a FILE: prompt, the seed, and
+one-line errors."""
+import shutil
+
+import pytest
+
+from conftest import TEXT, run_script
+
+SEPARATOR = '\n---------------\n'
+
+
+def sample(out_dir, *args):
+    return run_script('sample.py', f'--out_dir={out_dir}', '--device=cpu', '--dtype=float32', '--num_samples=2',
+                      '--max_new_tokens=40', *args)
+
+
+def samples_of(stdout):
+    """The generated texts: what follows the `Loading meta from ...` line, between the separators."""
+    body = stdout.split('Loading meta from ', 1)[1].split('\n', 1)[1]
+    texts = body.split(SEPARATOR)
+    assert texts[-1] == ''
+    return texts[:-1]
+
+
+def test_samples_from_checkpoint_with_file_prompt(tiny_run, tmp_path):
+    _, _, out_dir = tiny_run
+    direct = sample(out_dir, '--start=First', '--seed=7')
+    prompt = tmp_path / 'prompt.txt'
+    prompt.write_text('First')
+    from_file = sample(out_dir, f'--start=FILE:{prompt}', '--seed=7')
+    assert direct.returncode == 0, direct.stderr
+    assert from_file.returncode == 0, from_file.stderr
+    texts = samples_of(direct.stdout)
+    assert len(texts) == 2 and texts[0] != texts[1]
+    for text in texts:
+        assert text.startswith('First') and len(text) == len('First') + 40 and set(text) <= set(TEXT)
+    assert samples_of(from_file.stdout) == texts  # same prompt, same seed: same samples
+
+
+@pytest.mark.parametrize('case, args, message', [
+    ('missing', [], 'no checkpoint at'),
+    ('truncated', [], 'truncated'),
+    ('unknown characters', ['--start=First%'], "does not know: '%'"),
+    ('missing prompt file', ['--start=FILE:/nonexistent/prompt.txt'], 'cannot read the start file'),
+])
+def test_errors_are_one_line(tiny_run, tmp_path, case, args, message):
+    _, _, tiny_out = tiny_run
+    out_dir = tmp_path / 'out'
+    if case != 'missing':
+        shutil.copytree(tiny_out, out_dir)
+    if case == 'truncated':
+        ckpt = out_dir / 'ckpt.pt'
+        ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    result = sample(out_dir, *args)
+    assert result.returncode == 2
+    assert result.stderr.startswith('error: ') and result.stderr.count('\n') == 1, result.stderr
+    assert message in result.stderr

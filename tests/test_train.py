@@ -1,0 +1,326 @@
+"""train.py end to end on CPU, in subprocesses as a user runs it: the loss falls; checkpoints resume exactly, after a
+kill too, and from nanoGPT's own format; 2 DDP processes match 1 process; bad input fails with one line and writes
+nothing; a non-finite loss or an out-of-memory error stops the run and leaves ckpt.pt as it was."""
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY_ARGS, logged_losses, run_script, write_char_dataset
+
+sys.path.insert(0, str(ROOT))
+from memory_advice import fitting_batch_size, keep_tokens, oom_advice  # noqa: E402
+
+GIB = 2 ** 30
+
+
+def train(data_dir, out_dir, *args, env=None):
+    return run_script('train.py', *TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args, env=env)
+
+
+def load(out_dir):
+    return torch.load(out_dir / 'ckpt.pt', weights_only=True)
+
+
+def same_weights(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def snapshot(path):
+    """{name: bytes} of the files in `path`, None if it does not exist: to show that nothing was written."""
+    return {p.name: p.read_bytes() for p in path.iterdir()} if path.exists() else None
+
+
+# -----------------------------------------------------------------------------
+# training, checkpoints, resume
+
+def test_tiny_run_learns_and_checkpoints(tiny_run):
+    result, _, out_dir = tiny_run
+    losses = logged_losses(result.stdout)
+    assert sorted(losses) == list(range(31))
+    assert sum(losses[i] for i in range(25, 31)) / 6 < sum(losses[i] for i in range(6)) / 6 - 0.5
+    val = logged_losses(result.stdout, 'step')
+    assert sorted(val) == [0, 15, 30] and val[30] < val[0] - 0.5
+    iter_line = next(line for line in result.stdout.splitlines() if line.startswith('iter 5:'))
+    assert 'ms, mfu ' in iter_line and 'tok/s, eta ' in iter_line  # nanoGPT's fields first, then the additions
+    assert os.listdir(out_dir) == ['ckpt.pt']  # no temporary file left behind
+    checkpoint = load(out_dir)
+    assert {'model', 'optimizer', 'model_args', 'iter_num', 'best_val_loss', 'config', 'scaler',
+            'rng_states'} <= set(checkpoint)
+    assert checkpoint['iter_num'] == 30 and checkpoint['model_args']['vocab_size'] == 34
+    assert checkpoint['config']['n_layer'] == 2 and len(checkpoint['rng_states']) == 1
+
+
+def test_resume_repeats_the_uninterrupted_run(tmp_path, data_dir):
+    args = ['--dropout=0.1', '--eval_interval=4']  # dropout: the RNG state must be restored too
+    whole = train(data_dir, tmp_path / 'whole', *args, '--max_iters=8')
+    first = train(data_dir, tmp_path / 'split', *args, '--max_iters=4')
+    second = train(data_dir, tmp_path / 'split', *args, '--max_iters=8', '--init_from=resume')
+    for result in (whole, first, second):
+        assert result.returncode == 0, result.stderr
+    expected = logged_losses(whole.stdout)
+    assert logged_losses(second.stdout) == {i: expected[i] for i in range(4, 9)}
+    assert logged_losses(second.stdout, 'step') == {i: logged_losses(whole.stdout, 'step')[i] for i in (4, 8)}
+    assert same_weights(load(tmp_path / 'whole')['model'], load(tmp_path / 'split')['model'])
+
+
+def test_kill_during_training_then_resume(tmp_path, data_dir):
+    out_dir = tmp_path / 'out'
+    process = subprocess.Popen([sys.executable, 'train.py', *TINY_ARGS, f'--data_dir={data_dir}',
+                                f'--out_dir={out_dir}', '--max_iters=100000', '--eval_interval=2'],
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    deadline = time.time() + 120
+    while not (out_dir / 'ckpt.pt').exists() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.3)  # a few more steps and saves: the kill lands mid-step or mid-save
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    iter_num = load(out_dir)['iter_num']  # a complete checkpoint, whatever the moment of the kill
+    result = train(data_dir, out_dir, '--init_from=resume', f'--max_iters={iter_num + 2}', '--eval_interval=2')
+    assert result.returncode == 0, result.stderr
+    assert sorted(logged_losses(result.stdout)) == [iter_num, iter_num + 1, iter_num + 2]
+    assert load(out_dir)['iter_num'] == iter_num + 2
+
+
+def test_nanogpt_checkpoint_resumes(tmp_path, tiny_run):
+    result, data_dir, tiny_out = tiny_run
+    checkpoint = load(tiny_out)
+    del checkpoint['scaler'], checkpoint['rng_states']  # what nanoGPT does not save
+    checkpoint['model'] = {'_orig_mod.' + k: v for k, v in checkpoint['model'].items()}  # a compiled model's names
+    checkpoint['best_val_loss'] = torch.tensor(checkpoint['best_val_loss'])
+    (tmp_path / 'out').mkdir()
+    torch.save(checkpoint, tmp_path / 'out' / 'ckpt.pt')
+    resumed = train(data_dir, tmp_path / 'out', '--init_from=resume', '--max_iters=31', '--eval_interval=15')
+    assert resumed.returncode == 0, resumed.stderr
+    assert 'note: ' in resumed.stdout and 'nanoGPT' in resumed.stdout
+    assert logged_losses(resumed.stdout, 'step')[30] == logged_losses(result.stdout, 'step')[30]
+    assert sorted(logged_losses(resumed.stdout)) == [30, 31]
+
+
+def test_two_processes_match_one(tmp_path, data_dir):
+    """Same global batch: 1 process accumulating 2 micro-batches, or 2 gloo processes with 1 each (fp32)."""
+    args = [*TINY_ARGS, f'--data_dir={data_dir}', '--gradient_accumulation_steps=2', '--max_iters=4',
+            '--eval_interval=2']
+    single = run_script('train.py', *args, f'--out_dir={tmp_path / "one"}')
+    ddp = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                          'train.py', *args, f'--out_dir={tmp_path / "two"}'], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert single.returncode == 0, single.stderr
+    assert ddp.returncode == 0, ddp.stderr
+    assert sorted(logged_losses(ddp.stdout)) == list(range(5))  # the master logs, once
+    assert logged_losses(ddp.stdout) == logged_losses(single.stdout)
+    assert logged_losses(ddp.stdout, 'step') == logged_losses(single.stdout, 'step')
+    assert len(load(tmp_path / 'two')['rng_states']) == 2
+    assert same_weights(load(tmp_path / 'one')['model'], load(tmp_path / 'two')['model'])
+
+
+def test_wandb_is_imported_lazily_and_logs(tmp_path, data_dir):
+    stub = tmp_path / 'stub'
+    stub.mkdir()
+    (stub / 'wandb.py').write_text(
+        "import json, os\n"
+        "def _record(entry):\n"
+        "    with open(os.environ['WANDB_STUB_LOG'], 'a') as f:\n"
+        "        f.write(json.dumps(entry) + '\\n')\n"
+        "def init(project, name, config):\n"
+        "    _record({'project': project, 'name': name, 'mode': os.environ.get('WANDB_MODE')})\n"
+        "def log(data):\n"
+        "    _record(data)\n")
+    record = tmp_path / 'wandb.jsonl'
+    result = train(data_dir, tmp_path / 'out', '--wandb_log=True', '--wandb_run_name=tiny', '--max_iters=2',
+                   '--eval_interval=2', env={'PYTHONPATH': str(stub), 'WANDB_STUB_LOG': str(record),
+                                             'WANDB_MODE': 'offline'})
+    assert result.returncode == 0, result.stderr
+    entries = [json.loads(line) for line in record.read_text().splitlines()]
+    assert entries[0] == {'project': 'owt', 'name': 'tiny', 'mode': 'offline'}
+    assert [entry['iter'] for entry in entries[1:]] == [0, 2]
+    assert {'train/loss', 'val/loss', 'lr', 'mfu'} <= set(entries[1])
+
+
+# -----------------------------------------------------------------------------
+# failures: a non-finite loss, out of memory, bad input
+
+def train_patched(patch, data_dir, out_dir, *args):
+    """train.py run after `patch` (Python source, with `model` imported) has changed GPT.forward."""
+    code = (f'import runpy, sys, torch, model\n{patch}\n'
+            f"sys.argv = ['train.py'] + sys.argv[1:]\nrunpy.run_path('train.py', run_name='__main__')\n")
+    return subprocess.run([sys.executable, '-c', code, *TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}',
+                           *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, 'OMP_NUM_THREADS': '1'})
+
+
+def forward_patch(training, at, action):
+    """Source that makes GPT.forward run `action` from its `at`-th call in training (or evaluation) mode on."""
+    return (f'forward, calls = model.GPT.forward, [0]\n'
+            f'def patched(self, idx, targets=None):\n'
+            f'    calls[0] += self.training == {training}\n'
+            f'    if calls[0] >= {at} and self.training == {training}:\n'
+            f'        {action}\n'
+            f'    return forward(self, idx, targets)\n'
+            f'model.GPT.forward = patched\n')
+
+
+def test_init_from_gpt2_weights(tmp_path, data_dir):
+    """init_from=gpt2 through Hugging Face's GPT2LMHeadModel, offline: a 2-layer stand-in with GPT-2's vocabulary
+    and context replaces the download; train.py crops the context to block_size and checkpoints it."""
+    patch = ("import transformers\n"
+             "tiny = dict(n_layer=2, n_head=2, n_embd=32)\n"
+             "model.GPT.PRETRAINED_ARGS['gpt2'] = tiny\n"
+             "transformers.GPT2LMHeadModel.from_pretrained = staticmethod(\n"
+             "    lambda name: transformers.GPT2LMHeadModel(transformers.GPT2Config(**tiny)))\n")
+    result = train_patched(patch, data_dir, tmp_path / 'out', '--init_from=gpt2', '--max_iters=2',
+                           '--eval_interval=2')
+    assert result.returncode == 0, result.stderr
+    assert 'loading weights from pretrained gpt: gpt2' in result.stdout
+    assert sorted(logged_losses(result.stdout)) == [0, 1, 2]
+    checkpoint = load(tmp_path / 'out')
+    assert checkpoint['model_args'] == dict(n_layer=2, n_head=2, n_embd=32, block_size=16, bias=True,
+                                            vocab_size=50257, dropout=0.0)
+    assert checkpoint['model']['transformer.wpe.weight'].shape == (16, 32)
+
+
+@pytest.fixture
+def good_checkpoint(tmp_path, tiny_run):
+    """tmp_path/out holding a copy of the tiny run's ckpt.pt: (data dir, out dir, its bytes)."""
+    _, data_dir, tiny_out = tiny_run
+    shutil.copytree(tiny_out, tmp_path / 'out')
+    return data_dir, tmp_path / 'out', (tmp_path / 'out' / 'ckpt.pt').read_bytes()
+
+
+def test_non_finite_loss_stops_without_saving(good_checkpoint):
+    data_dir, out_dir, before = good_checkpoint
+    nan = "return None, forward(self, idx, targets)[1] * float('nan')"
+    result = train_patched(forward_patch(True, 3, nan), data_dir, out_dir, '--max_iters=10', '--eval_interval=4')
+    assert result.returncode == 2
+    assert 'error: the training loss is nan at iter 2' in result.stderr and 'Traceback' not in result.stderr
+    assert 'keeps the last good state' in result.stderr
+    assert (out_dir / 'ckpt.pt').read_bytes() == before and os.listdir(out_dir) == ['ckpt.pt']
+
+
+@pytest.mark.parametrize('training, advice', [(True, '--batch_size=2 --gradient_accumulation_steps=2'),
+                                              (False, '--eval_batch_size=2')])
+def test_out_of_memory_advises_and_keeps_checkpoint(good_checkpoint, training, advice):
+    data_dir, out_dir, before = good_checkpoint
+    oom = "raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')"
+    result = train_patched(forward_patch(training, 3, oom), data_dir, out_dir, '--max_iters=10',
+                           '--eval_interval=100')  # the 3rd evaluation forward is in the first evaluation
+    assert result.returncode == 2
+    phase = 'training' if training else 'evaluation'
+    assert f'error: out of memory during {phase} at micro-batch 4' in result.stderr
+    assert advice in result.stderr and 'Traceback' not in result.stderr
+    assert (out_dir / 'ckpt.pt').read_bytes() == before
+
+
+def test_oom_advice_scales_the_batch_and_keeps_tokens():
+    stats = dict(allocated=9 * GIB, reserved=11 * GIB, peak=11 * GIB, total=12 * GIB)
+    # (12 - 2) / (11 - 2) of 12 is 13: capped below the batch that failed, then 480 samples per step / 10
+    message = oom_advice('training', 12, 40, 1, False, stats, fixed=2 * GIB)
+    assert 'peak 11.00 GiB, card total 12.00 GiB (before the first forward: 2.00 GiB)' in message
+    assert '--batch_size=10 --gradient_accumulation_steps=48' in message
+    assert '--activation_checkpointing=True' in message
+    assert fitting_batch_size(12, 2 * GIB, 20 * GIB, 12 * GIB) == 6  # 12 * 10 / 18, rounded down
+    assert fitting_batch_size(1, 2 * GIB, 20 * GIB, 12 * GIB) == 1
+    assert keep_tokens(12, 40, 1, 6) == (6, 80)
+    assert keep_tokens(3, 4, 4, 2) == (1, 12)  # 12 samples over 4 processes: 2 * 4 does not divide 12
+    done = oom_advice('training', 1, 8, 1, True, stats, fixed=2 * GIB)
+    assert '--batch_size' not in done and 'smaller block_size or model' in done
+
+
+# the configurator's other errors (wrong type, missing config file, unknown device) are tested in
+# test_configurator.py; here each path through train.py once
+BAD_INPUTS = {  # name: (extra arguments, extra environment, what the one-line error must name)
+    'missing dataset': (['--dataset=shakespeare_char'], {}, 'python prepare/shakespeare_char.py'),
+    'block_size over data': (['--block_size=100000'], {}, 'block_size=100000'),
+    'block_size over model': (['--init_from=resume', '--block_size=32'], {}, "resumed model's 16"),
+    'meta vocab over model': (['--init_from=resume', '--dataset=big_vocab'], {}, 'vocab_size 100'),
+    'truncated checkpoint': (['--init_from=resume'], {}, 'truncated'),
+    'resume without checkpoint': (['--init_from=resume'], {}, 'no checkpoint at'),
+    'world size': (['--gradient_accumulation_steps=3'], {'RANK': '0', 'LOCAL_RANK': '0', 'WORLD_SIZE': '2'},
+                   'gradient_accumulation_steps=3'),
+    'unknown dtype': (['--dtype=float8'], {}, "dtype 'float8'"),
+    'absent cuda': (['--device=cuda'], {}, 'CUDA is not available'),
+    'unknown key': (['--learning_rat=1'], {}, '--learning_rate'),
+    'wandb not installed': (['--wandb_log=True'], {}, 'pip install wandb'),
+}
+
+
+def not_applicable(name):
+    """Why case `name` cannot fail on this machine, or None."""
+    if name == 'absent cuda' and torch.cuda.is_available():
+        return 'CUDA is available here'
+    if name == 'wandb not installed' and importlib.util.find_spec('wandb') is not None:
+        return 'wandb is installed here'
+    return None
+
+
+# Runs train.py once per case inside one Python process, as `python train.py ...` would (a fresh __main__ each
+# time, stdout and stderr captured, the exit status from SystemExit), so torch is imported once, not per case.
+DRIVER = """
+import contextlib, io, json, os, runpy, sys, traceback
+results = []
+for argv, env in json.loads(sys.argv[1]):
+    saved_env = dict(os.environ)
+    os.environ.update(env)
+    sys.argv = ['train.py', *argv]
+    stderr, status = io.StringIO(), 0
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
+        try:
+            runpy.run_path('train.py', run_name='__main__')
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            status = 1
+    os.environ.clear()
+    os.environ.update(saved_env)
+    results.append((status, stderr.getvalue()))
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope='module')
+def bad_runs(tmp_path_factory, tiny_run):
+    """Each applicable BAD_INPUTS case run once: {name: (exit status, stderr, out_dir before, out_dir after)}."""
+    _, tiny_data, tiny_out = tiny_run
+    root = tmp_path_factory.mktemp('bad')
+    write_char_dataset(root / 'data', 'big_vocab', vocab_size=100)
+    names = [name for name in BAD_INPUTS if not not_applicable(name)]
+    cases, before = [], {}
+    for name in names:
+        args, env, _ = BAD_INPUTS[name]
+        out_dir = root / name.replace(' ', '_')
+        data_dir = root / 'data' if name in ('missing dataset', 'meta vocab over model') else tiny_data
+        if name in ('block_size over model', 'meta vocab over model', 'truncated checkpoint'):
+            shutil.copytree(tiny_out, out_dir)
+        if name == 'truncated checkpoint':
+            ckpt = out_dir / 'ckpt.pt'
+            ckpt.write_bytes(ckpt.read_bytes()[:ckpt.stat().st_size // 2])
+        before[name] = snapshot(out_dir)
+        # --max_iters=2: short, should a check be missing
+        cases.append(([*TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--max_iters=2', *args], env))
+    driver = subprocess.run([sys.executable, '-c', DRIVER, json.dumps(cases)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert driver.returncode == 0, driver.stderr
+    results = json.loads(driver.stdout)
+    return {name: (*result, before[name], snapshot(root / name.replace(' ', '_')))
+            for name, result in zip(names, results)}
+
+
+@pytest.mark.parametrize('name', BAD_INPUTS)
+def test_bad_input_fails_with_one_line_and_writes_nothing(bad_runs, name):
+    if not_applicable(name):
+        pytest.skip(not_applicable(name))
+    status, stderr, before, after = bad_runs[name]
+    assert status == 2, stderr
+    assert stderr.startswith('error: ') and stderr.count('\n') == 1, stderr
+    assert BAD_INPUTS[name][2] in stderr
+    assert after == before  # no directory created, no file written or changed
+

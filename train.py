@@ -1,0 +1,468 @@
+"""
+This training script can be run both on a single gpu in debug mode,
+and also in a larger training run with distributed data parallel (ddp).
+
+To run on a single GPU, example:
+$ python train.py --batch_size=32 --compile=False
+
+To run with DDP on 4 gpus on 1 node, example:
+$ torchrun --standalone --nproc_per_node=4 train.py
+
+To run with DDP on 4 gpus across 2 nodes, example:
+- Run on the first (master) node with example IP 123.456.123.456:
+$ torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=123.456.123.456 --master_port=1234 train.py
+- Run on the worker node:
+$ torchrun --nproc_per_node=8 --nnodes=2 --node_rank=1 --master_addr=123.456.123.456 --master_port=1234 train.py
+(If your cluster does not have Infiniband interconnect prepend NCCL_IB_DISABLE=1)
+
+Two processes on CPU (gloo): torchrun --standalone --nproc_per_node=2 train.py ... --device=cpu
+
+nanoGPT's train.py, with its keys, log lines and ckpt.pt (README.md lists the differences). Two that shape the code:
+batches are a function of (seed, iteration, global micro-step), where rank r of world W at micro-step m reads
+global micro-step m*W + r, so the data depends neither on the world size nor on restarts; and the logged `iter` loss
+is the mean over all micro-batches of all ranks (nanoGPT: the master's last micro-batch).
+"""
+import os
+# expandable segments make fragmentation-driven OOMs rarer; the allocator reads this when CUDA first starts,
+# so it is set before torch is imported. A configuration of the user's own wins.
+if 'PYTORCH_CUDA_ALLOC_CONF' not in os.environ and 'PYTORCH_ALLOC_CONF' not in os.environ:
+    os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'
+import sys
+import time
+import math
+import pickle
+import datetime
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import configurator
+from configurator import ConfigError, fail
+from checkpoint import CheckpointError, checkpoint_path, first_line, load_checkpoint, load_model_state, save_checkpoint
+from memory_advice import cuda_memory_stats, oom_advice
+from model import GPTConfig, GPT
+
+# -----------------------------------------------------------------------------
+# --- config defaults ---
+# default config values designed to train a gpt2 (124M) on OpenWebText
+# I/O
+out_dir = 'out'
+eval_interval = 2000
+log_interval = 1
+eval_iters = 200
+eval_only = False # if True, script exits right after the first eval
+always_save_checkpoint = True # if True, always save a checkpoint after each eval
+init_from = 'scratch' # 'scratch' or 'resume' or 'gpt2*'
+seed = 1337 # rank r seeds torch with seed + r; batches are drawn from (seed, iteration, micro-step)
+# wandb logging
+wandb_log = False # disabled by default
+wandb_project = 'owt'
+wandb_run_name = 'gpt2' # 'run' + str(time.time())
+# data
+data_dir = 'data' # the dataset is read from data_dir/dataset/: train.bin, val.bin, optional meta.pkl
+dataset = 'openwebtext'
+gradient_accumulation_steps = 5 * 8 # used to simulate larger batch sizes
+batch_size = 12 # if gradient_accumulation_steps > 1, this is the micro-batch size
+block_size = 1024
+eval_batch_size = 0 # micro-batch of estimate_loss, 0 = batch_size; no backward there, so larger ones often fit
+# model
+n_layer = 12
+n_head = 12
+n_embd = 768
+dropout = 0.0 # for pretraining 0 is good, for finetuning try 0.1+
+bias = False # do we use bias inside LayerNorm and Linear layers?
+activation_checkpointing = False # recompute each block in backward: much less activation memory, ~30% more compute
+auto_batch_size = False # on CUDA, estimate_memory.py picks batch_size and gradient_accumulation_steps for the card
+# adamw optimizer
+learning_rate = 6e-4 # max learning rate
+max_iters = 600000 # total number of training iterations
+weight_decay = 1e-1
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0 # clip gradients at this value, or disable if == 0.0
+# learning rate decay settings
+decay_lr = True # whether to decay the learning rate
+warmup_iters = 2000 # how many steps to warm up for
+lr_decay_iters = 600000 # should be ~= max_iters per Chinchilla
+min_lr = 6e-5 # minimum learning rate, should be ~= learning_rate/10 per Chinchilla
+# system
+device = 'cuda' if torch.cuda.is_available() else 'cpu' # examples: 'cpu', 'cuda', 'cuda:0', 'cuda:1' or 'mps'
+# 'float32', 'bfloat16', or 'float16', the latter will auto implement a GradScaler
+dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device == 'cuda' else 'float32'
+compile = device == 'cuda' # use PyTorch 2.0 to compile the model to be faster (Triton kernels: CUDA only)
+# DDP settings
+backend = 'nccl' if device == 'cuda' else 'gloo' # 'nccl', 'gloo', etc.
+# --- end config defaults ---
+config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
+try:
+    config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
+    device_type = configurator.check_device(config['device'], config['dtype'])
+except ConfigError as e:
+    fail(e)
+globals().update(config)
+# -----------------------------------------------------------------------------
+
+# everything is checked before anything is created or written: bad input fails here, with one line
+ddp = int(os.environ.get('RANK', -1)) != -1 # is this a ddp run?
+ddp_rank = int(os.environ['RANK']) if ddp else 0
+ddp_local_rank = int(os.environ['LOCAL_RANK']) if ddp else 0
+ddp_world_size = int(os.environ['WORLD_SIZE']) if ddp else 1
+master_process = ddp_rank == 0 # this process will do logging, checkpointing etc.
+for key in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval', 'log_interval'):
+    if config[key] < 1:
+        fail(f'{key} must be at least 1, got {config[key]}')
+if eval_batch_size < 0:
+    fail(f'eval_batch_size must be at least 1, or 0 for batch_size; got {eval_batch_size}')
+if gradient_accumulation_steps % ddp_world_size != 0:
+    fail(f'gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by the {ddp_world_size} '
+         f'processes (each runs an equal share): use a multiple of {ddp_world_size}')
+if backend == 'nccl' and device_type != 'cuda':
+    fail(f"backend='nccl' needs CUDA: use --backend=gloo with device={device!r}")
+if init_from not in ('scratch', 'resume') and init_from not in GPT.PRETRAINED_ARGS:
+    fail(f"unknown init_from {init_from!r}: use 'scratch', 'resume' or one of {', '.join(GPT.PRETRAINED_ARGS)}")
+if auto_batch_size and device_type != 'cuda':
+    fail(f"auto_batch_size=True sizes the batch for a CUDA card's memory: on {device} set --batch_size yourself")
+if init_from == 'scratch' and n_embd % n_head != 0:
+    fail(f'n_embd={n_embd} must be divisible by n_head={n_head}')
+if wandb_log and master_process:
+    try:
+        import wandb # imported only when asked for; WANDB_MODE=offline or disabled needs no network
+    except ImportError:
+        fail('wandb_log=True but wandb is not installed: pip install wandb, or pass --wandb_log=False')
+
+data_path = os.path.join(data_dir, dataset)
+for split in ('train', 'val'):
+    split_path = os.path.join(data_path, f'{split}.bin')
+    if not os.path.isfile(split_path):
+        prepare_script = os.path.join('prepare', f'{dataset}.py')
+        if os.path.isfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), prepare_script)):
+            fix = f'run `python {prepare_script}' + ('`' if data_dir == 'data' else f' --out_dir {data_path}`')
+        else:
+            fix = 'put nanoGPT-format train.bin and val.bin there (see data/README.md)'
+        fail(f'dataset {dataset!r} is not prepared: {split_path} not found; {fix}')
+    split_tokens = os.path.getsize(split_path) // 2 # uint16 tokens
+    if split_tokens <= block_size:
+        fail(f'block_size={block_size} needs at least {block_size + 1} tokens but {split_path} has '
+             f'{split_tokens}: use a smaller --block_size')
+
+# attempt to derive vocab_size from the dataset
+meta_path = os.path.join(data_path, 'meta.pkl')
+meta_vocab_size = None
+if os.path.exists(meta_path):
+    try:
+        with open(meta_path, 'rb') as f:
+            meta_vocab_size = int(pickle.load(f)['vocab_size'])
+    except Exception as e: # a corrupt or foreign file: whatever failed, the fix is to prepare the dataset again
+        fail(f'cannot read vocab_size from {meta_path} ({first_line(e)}): prepare the dataset again')
+    print(f"found vocab_size = {meta_vocab_size} (inside {meta_path})")
+
+if ddp and device_type == 'cuda':
+    device = f'cuda:{ddp_local_rank}'
+    torch.cuda.set_device(device)
+if auto_batch_size: # the largest micro-batch that estimate_memory.py finds to fit this card, same tokens per step
+    from estimate_memory import pick_batch_size
+    try:
+        batch_size, gradient_accumulation_steps = pick_batch_size(dict(config, world_size=ddp_world_size),
+                                                                  torch.cuda.mem_get_info(device)[0])
+    except ConfigError as e:
+        fail(e)
+    config.update(batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps)
+    print(f'auto_batch_size: batch_size = {batch_size}, gradient_accumulation_steps = {gradient_accumulation_steps}')
+seed_offset = ddp_rank # each process gets a different seed
+# world_size number of processes will be training simultaneously, so we can scale
+# down the desired gradient accumulation iterations per process proportionally
+gradient_accumulation_steps //= ddp_world_size
+tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * block_size
+if master_process:
+    print(f"tokens per iteration will be: {tokens_per_iter:,}")
+
+torch.manual_seed(seed + seed_offset)
+if device_type == 'cuda': # allow tf32 on matmul and cudnn (torch 2.9 renamed allow_tf32 to fp32_precision)
+    if hasattr(torch.backends.cuda.matmul, 'fp32_precision'):
+        torch.backends.cuda.matmul.fp32_precision = 'tf32'
+        torch.backends.cudnn.conv.fp32_precision = 'tf32'
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+
+def get_batch(split, key, rows):
+    """`rows` random windows of split.bin and their next-token targets; the offsets come from a generator seeded by
+    `key` alone, so a batch never depends on the world size, the rank or a restart."""
+    # We recreate np.memmap every batch to avoid a memory leak, as per
+    # https://stackoverflow.com/questions/45132940/numpy-memmap-memory-usage-want-to-iterate-once/61472122#61472122
+    data = np.memmap(os.path.join(data_path, f'{split}.bin'), dtype=np.uint16, mode='r')
+    ix = np.random.default_rng(key).integers(len(data) - block_size, size=rows)
+    x = torch.stack([torch.from_numpy((data[i:i+block_size]).astype(np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy((data[i+1:i+1+block_size]).astype(np.int64)) for i in ix])
+    if device_type == 'cuda':
+        # pin arrays x,y, which allows us to move them to GPU asynchronously (non_blocking=True)
+        x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    else:
+        x, y = x.to(device), y.to(device)
+    return x, y
+
+def train_batch(it, micro_step):
+    """This rank's batch for `micro_step` of iteration `it`: global micro-step micro_step * world + rank."""
+    return get_batch('train', (seed, 0, it, micro_step * ddp_world_size + ddp_rank), batch_size)
+
+# init these up here, can override if init_from='resume' (i.e. from a checkpoint)
+iter_num = 0
+best_val_loss = 1e9
+# model init: model_args first, so they are checked before any weights are built, loaded or downloaded
+model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
+                  bias=bias, vocab_size=None, dropout=dropout) # start with model_args from command line
+checkpoint = None
+if init_from == 'scratch':
+    # init a new model from scratch
+    print("Initializing a new model from scratch")
+    # determine the vocab size we'll use for from-scratch training
+    if meta_vocab_size is None:
+        print("defaulting to vocab_size of GPT-2 to 50304 (50257 rounded up for efficiency)")
+    model_args['vocab_size'] = meta_vocab_size if meta_vocab_size is not None else 50304
+elif init_from == 'resume':
+    print(f"Resuming training from {out_dir}")
+    try:
+        checkpoint = load_checkpoint(out_dir, device, required=('optimizer', 'iter_num', 'best_val_loss'))
+    except CheckpointError as e:
+        fail(e)
+    # force these config attributes to be equal otherwise we can't even resume training
+    # the rest of the attributes (e.g. dropout) can stay as desired from command line
+    for k in ['n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size']:
+        model_args[k] = checkpoint['model_args'][k]
+else:
+    print(f"Initializing from OpenAI GPT-2 weights: {init_from}")
+    pretrained = GPT.pretrained_config(init_from)
+    for k in ['n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size']:
+        model_args[k] = getattr(pretrained, k)
+if block_size > model_args['block_size']:
+    whose = "the resumed model's" if init_from == 'resume' else f"{init_from}'s"
+    fail(f"block_size={block_size} is larger than {whose} {model_args['block_size']}: "
+         f"use --block_size={model_args['block_size']} or less")
+if meta_vocab_size is not None and meta_vocab_size > model_args['vocab_size']:
+    fail(f"{meta_path} has vocab_size {meta_vocab_size} but the model's is {model_args['vocab_size']}: "
+         f"its tokens would index past the embedding; use the dataset the model was trained on")
+if init_from in GPT.PRETRAINED_ARGS:
+    try:
+        model = GPT.from_pretrained(init_from, dict(dropout=dropout)) # only dropout can be overridden
+    except Exception as e: # no transformers, no network, no cached weights: the fixes are the same
+        fail(f'could not load the {init_from} weights ({first_line(e)}): pip install transformers, and download '
+             f'them once with network access (Hugging Face cache)')
+    # crop down the model block size if desired, using model surgery
+    if block_size < model.config.block_size:
+        model.crop_block_size(block_size)
+        model_args['block_size'] = block_size # so that the checkpoint will have the right value
+else:
+    model = GPT(GPTConfig(**model_args))
+    if checkpoint is not None:
+        try:
+            load_model_state(model, checkpoint, out_dir)
+        except CheckpointError as e:
+            fail(e)
+        iter_num = checkpoint['iter_num']
+        best_val_loss = float(checkpoint['best_val_loss'])
+model.activation_checkpointing = activation_checkpointing
+model.to(device)
+raw_model = model # the plain module: saved, and asked for MFU, without DDP's and compile's wrappers
+
+# initialize a GradScaler. If enabled=False scaler is a no-op
+scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
+
+# optimizer
+optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+if checkpoint is not None:
+    optimizer.load_state_dict(checkpoint['optimizer'])
+    if checkpoint.get('scaler'): # empty when saved with the scaler disabled
+        scaler.load_state_dict(checkpoint['scaler'])
+    saved_rng_states = checkpoint.get('rng_states')
+    if saved_rng_states is None:
+        print(f"note: {checkpoint_path(out_dir)} has no RNG or GradScaler state (written by nanoGPT?): resuming "
+              f"without them, so the losses will not repeat the original run's exactly")
+    elif len(saved_rng_states) != ddp_world_size:
+        print(f"note: {checkpoint_path(out_dir)} holds the RNG states of {len(saved_rng_states)} processes, this run "
+              f"has {ddp_world_size}: dropout randomness restarts from the seed")
+    else:
+        torch.set_rng_state(saved_rng_states[ddp_rank]['torch'].cpu())
+        if device_type == 'cuda' and saved_rng_states[ddp_rank]['cuda'] is not None:
+            torch.cuda.set_rng_state(saved_rng_states[ddp_rank]['cuda'].cpu(), device)
+checkpoint = None # free up memory
+
+# compile the model
+if compile:
+    print("compiling the model... (takes a ~minute)")
+    model = torch.compile(model) # requires PyTorch 2.0
+
+# wrap model into DDP container
+if ddp:
+    dist.init_process_group(backend=backend)
+    model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
+
+# helps estimate an arbitrarily accurate loss over either split using many batches
+@torch.no_grad()
+def estimate_loss(it):
+    out = {}
+    model.eval()
+    for split_index, split in enumerate(['train', 'val']):
+        losses = torch.zeros(eval_iters)
+        for k in range(eval_iters):
+            X, Y = get_batch(split, (seed, 1 + split_index, it, k), eval_batch_size or batch_size)
+            with ctx:
+                _, loss = model(X, Y)
+            losses[k] = loss.item()
+        out[split] = losses.mean().item()
+    model.train()
+    return out
+
+# learning rate decay scheduler (cosine with warmup)
+def get_lr(it):
+    # 1) linear warmup for warmup_iters steps
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    # 2) if it > lr_decay_iters, return min learning rate
+    if it > lr_decay_iters:
+        return min_lr
+    # 3) in between, use cosine decay down to min learning rate
+    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    assert 0 <= decay_ratio <= 1
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) # coeff ranges 0..1
+    return min_lr + coeff * (learning_rate - min_lr)
+
+def rng_states_of_all_ranks():
+    """Every rank's torch (and CUDA) RNG state, gathered for the master's checkpoint. All ranks must call it."""
+    state = {'torch': torch.get_rng_state(),
+             'cuda': torch.cuda.get_rng_state(device) if device_type == 'cuda' else None}
+    if not ddp:
+        return [state]
+    states = [None] * ddp_world_size
+    dist.all_gather_object(states, state)
+    return states
+
+def fail_not_finite(what, value):
+    """Stop before a diverged model can be saved; the last good ckpt.pt stays as it is."""
+    path = checkpoint_path(out_dir)
+    kept = f'{path} keeps the last good state' if os.path.exists(path) else 'no checkpoint was written'
+    fail(f'{what} is {value} at iter {iter_num}: stopping without saving, {kept}; '
+         f'try a lower --learning_rate, --grad_clip=1.0 or --dtype=bfloat16')
+
+# logging
+if wandb_log and master_process:
+    wandb.init(project=wandb_project, name=wandb_run_name, config=config)
+
+# training loop
+X, Y = train_batch(iter_num, 0) # fetch the very first batch
+t0 = time.time()
+t_start = t0 # for the ETA: the average time of this process's iterations so far, evaluations included
+local_iter_num = 0 # number of iterations in the lifetime of this process
+running_mfu = -1.0
+if device_type == 'cuda':
+    torch.cuda.reset_peak_memory_stats(device)
+    fixed_memory = torch.cuda.memory_allocated(device) # weights (and resumed optimizer state): what the batch is not
+try:
+    while True:
+
+        # determine and set the learning rate for this iteration
+        lr = get_lr(iter_num) if decay_lr else learning_rate
+        for param_group in optimizer.param_groups:
+            param_group['lr'] = lr
+
+        # evaluate the loss on train/val sets and write checkpoints
+        if iter_num % eval_interval == 0 or eval_only:
+            rng_states = rng_states_of_all_ranks() # a collective: every rank takes part, the master saves
+            if master_process:
+                losses = estimate_loss(iter_num)
+                print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                for split, value in losses.items():
+                    if not math.isfinite(value):
+                        fail_not_finite(f'the {split} loss', value)
+                if wandb_log:
+                    wandb.log({
+                        "iter": iter_num,
+                        "train/loss": losses['train'],
+                        "val/loss": losses['val'],
+                        "lr": lr,
+                        "mfu": running_mfu*100, # convert to percentage
+                    })
+                if (losses['val'] < best_val_loss or always_save_checkpoint) and not eval_only:
+                    best_val_loss = losses['val']
+                    if iter_num > 0:
+                        print(f"saving checkpoint to {out_dir}")
+                        save_checkpoint({
+                            'model': raw_model.state_dict(),
+                            'optimizer': optimizer.state_dict(),
+                            'model_args': model_args,
+                            'iter_num': iter_num,
+                            'best_val_loss': best_val_loss,
+                            'config': config,
+                            'scaler': scaler.state_dict(),
+                            'rng_states': rng_states,
+                        }, out_dir)
+        if eval_only:
+            break
+
+        # forward backward update, with optional gradient accumulation to simulate larger batch size
+        # and using the GradScaler if data type is float16
+        loss_sum = torch.zeros((), device=device) # the step's mean micro-batch loss, kept on the device: no sync
+        for micro_step in range(gradient_accumulation_steps):
+            if ddp:
+                # in DDP training we only need to sync gradients at the last micro step.
+                # the official way to do this is with model.no_sync() context manager, but
+                # I really dislike that this bloats the code and forces us to repeat code
+                # looking at the source of that context manager, it just toggles this variable
+                model.require_backward_grad_sync = (micro_step == gradient_accumulation_steps - 1)
+            with ctx:
+                _, loss = model(X, Y) # the model never builds the logits when given targets
+                loss = loss / gradient_accumulation_steps # scale the loss to account for gradient accumulation
+            loss_sum += loss.detach()
+            # immediately async prefetch next batch while model is doing the forward pass on the GPU
+            last = micro_step == gradient_accumulation_steps - 1
+            X, Y = train_batch(iter_num + 1, 0) if last else train_batch(iter_num, micro_step + 1)
+            # backward pass, with gradient scaling if training in fp16
+            scaler.scale(loss).backward()
+        # clip the gradient
+        if grad_clip != 0.0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        # step the optimizer and scaler if training in fp16
+        scaler.step(optimizer)
+        scaler.update()
+        # flush the gradients as soon as we can, no need for this memory anymore
+        optimizer.zero_grad(set_to_none=True)
+
+        # timing and logging
+        t1 = time.time()
+        dt = t1 - t0
+        t0 = t1
+        if iter_num % log_interval == 0:
+            if ddp:
+                dist.all_reduce(loss_sum) # every rank's share, so the logged loss covers the whole batch
+            lossf = loss_sum.item() / ddp_world_size # a CPU-GPU sync point
+            if not math.isfinite(lossf):
+                fail_not_finite('the training loss', lossf)
+            if master_process:
+                if local_iter_num >= 5: # let the training loop settle a bit
+                    mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt)
+                    running_mfu = mfu if running_mfu == -1.0 else 0.9*running_mfu + 0.1*mfu
+                seconds_per_iter = (t1 - t_start) / (local_iter_num + 1)
+                eta = datetime.timedelta(seconds=round(max(max_iters - iter_num, 0) * seconds_per_iter))
+                memory = (f", peak mem {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
+                          if device_type == 'cuda' else '')
+                print(f"iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu {running_mfu*100:.2f}%, "
+                      f"{tokens_per_iter / dt:,.0f} tok/s, eta {eta}{memory}")
+        iter_num += 1
+        local_iter_num += 1
+
+        # termination conditions
+        if iter_num > max_iters:
+            break
+except torch.OutOfMemoryError:
+    stats = cuda_memory_stats(device) if device_type == 'cuda' else None
+    phase, rows = ('training', batch_size) if raw_model.training else ('evaluation', eval_batch_size or batch_size)
+    fail(oom_advice(phase, rows, gradient_accumulation_steps * ddp_world_size, ddp_world_size,
+                    activation_checkpointing, stats, fixed_memory if stats else 0))
+
+if ddp:
+    dist.destroy_process_group()
