@@ -53,7 +53,6 @@ def test_upstream_gradient_scales_stored_gradients():
     """loss / k over k micro-batches equals one big batch; a GradScaler-like factor scales the gradients."""
     h, w, t = make(n=200)
     full = loss_and_grads(naive, h, w, t)
-    gh, gw = torch.zeros_like(h), torch.zeros_like(w)
     for rows in (slice(0, 100), slice(100, 200)):
         (chunked_cross_entropy(h[rows], w, t[rows], chunk_size=30) / 2 * 1024.0).backward()
     gh, gw = h.grad / 1024.0, w.grad / 1024.0
