@@ -67,7 +67,7 @@ dataset = 'openwebtext'
 gradient_accumulation_steps = 5 * 8 # used to simulate larger batch sizes
 batch_size = 12 # if gradient_accumulation_steps > 1, this is the micro-batch size
 block_size = 1024
-eval_batch_size = 0 # micro-batch of estimate_loss, 0 = batch_size; no backward there, so larger ones often fit
+eval_batch_size = 0 # micro-batch of estimate_loss (same windows, same loss), 0 = batch_size; no backward, so larger fits
 # model
 n_layer = 12
 n_head = 12
@@ -196,7 +196,10 @@ def get_batch(split, key, rows):
     # We recreate np.memmap every batch to avoid a memory leak, as per
     # https://stackoverflow.com/questions/45132940/numpy-memmap-memory-usage-want-to-iterate-once/61472122#61472122
     data = np.memmap(os.path.join(data_path, f'{split}.bin'), dtype=np.uint16, mode='r')
-    ix = np.random.default_rng(key).integers(len(data) - block_size, size=rows)
+    return windows(data, np.random.default_rng(key).integers(len(data) - block_size, size=rows))
+
+def windows(data, ix):
+    """The block_size windows of `data` at offsets ix and their next-token targets, on the device."""
     x = torch.stack([torch.from_numpy((data[i:i+block_size]).astype(np.int64)) for i in ix])
     y = torch.stack([torch.from_numpy((data[i+1:i+1+block_size]).astype(np.int64)) for i in ix])
     if device_type == 'cuda':
@@ -301,19 +304,24 @@ if ddp:
     dist.init_process_group(backend=backend)
     model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
 
-# helps estimate an arbitrarily accurate loss over either split using many batches
+# helps estimate an arbitrarily accurate loss over either split using many batches: eval_iters x batch_size windows,
+# as in nanoGPT, drawn as one set and run in micro-batches of eval_batch_size, which changes the memory, not the loss
 @torch.no_grad()
 def estimate_loss(it):
     out = {}
     model.eval()
+    rows = eval_batch_size or batch_size
     for split_index, split in enumerate(['train', 'val']):
-        losses = torch.zeros(eval_iters)
-        for k in range(eval_iters):
-            X, Y = get_batch(split, (seed, 1 + split_index, it, k), eval_batch_size or batch_size)
+        data = np.memmap(os.path.join(data_path, f'{split}.bin'), dtype=np.uint16, mode='r')
+        offsets = np.random.default_rng((seed, 1 + split_index, it)).integers(len(data) - block_size,
+                                                                               size=eval_iters * batch_size)
+        loss_sum = torch.zeros((), device=device)
+        for start in range(0, len(offsets), rows):
+            X, Y = windows(data, offsets[start:start + rows])
             with ctx:
                 _, loss = model(X, Y)
-            losses[k] = loss.item()
-        out[split] = losses.mean().item()
+            loss_sum += loss.float() * len(X) # every window has block_size targets: weight by rows
+        out[split] = loss_sum.item() / len(offsets)
     model.train()
     return out
 

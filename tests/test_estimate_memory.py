@@ -83,6 +83,14 @@ def test_ddp_adds_a_copy_of_the_gradients(tiny):
     assert ddp['peak_bytes'] - single['peak_bytes'] == ddp['breakdown']['ddp_gradient_buckets']
 
 
+def test_activation_checkpointing_lowers_the_traced_activations(tiny):
+    tiny = {**tiny, 'n_layer': 4, 'batch_size': 8}  # enough blocks that their saved activations dominate
+    plain, checkpointed = (em.trace({**tiny, 'activation_checkpointing': on}, evaluate=False)['train']
+                           for on in (False, True))
+    assert checkpointed['breakdown']['activations'] < plain['breakdown']['activations'] / 2
+    assert checkpointed['peak_bytes'] < plain['peak_bytes']
+
+
 def test_resume_takes_the_model_from_the_checkpoint(tiny, tmp_path):
     model_args = dict(n_layer=3, n_head=2, n_embd=32, block_size=16, bias=False, vocab_size=80, dropout=0.0)
     save_checkpoint({'model': {}, 'model_args': model_args}, str(tmp_path / 'out'))

@@ -105,6 +105,20 @@ def test_nanogpt_checkpoint_resumes(tmp_path, tiny_run):
     assert sorted(logged_losses(resumed.stdout)) == [30, 31]
 
 
+@pytest.mark.parametrize('eval_batch_size', [1, 3])
+def test_eval_batch_size_changes_the_micro_batch_not_the_loss(tiny_run, tmp_path, eval_batch_size):
+    """batch_size 4 x eval_iters 2 = 8 windows a split, in micro-batches of 4, or of 1 or 3 (3 + 3 + 2)."""
+    _, data_dir, out = tiny_run
+    shutil.copytree(out, tmp_path / 'out')
+    evaluations = [train(data_dir, tmp_path / 'out', '--init_from=resume', '--eval_only=True', *extra)
+                   for extra in ([], [f'--eval_batch_size={eval_batch_size}'])]
+    for result in evaluations:
+        assert result.returncode == 0, result.stderr
+    losses = [[float(word.rstrip(',')) for line in result.stdout.splitlines() if line.startswith('step ')
+               for word in line.split()[4::3]] for result in evaluations]  # step N: train loss X, val loss Y
+    assert len(losses[0]) == 2 and losses[1] == pytest.approx(losses[0], abs=2e-4)  # printed to 4 decimals
+
+
 def test_two_processes_match_one(tmp_path, data_dir):
     """Same global batch: 1 process accumulating 2 micro-batches, or 2 gloo processes with 1 each (fp32)."""
     args = [*TINY_ARGS, f'--data_dir={data_dir}', '--gradient_accumulation_steps=2', '--max_iters=4',
