@@ -1,0 +1,227 @@
+"""
+nanoGPT's bench.py, a short version of train.py for benchmarking, plus a benchmark of the loss path.
+
+$ python bench.py                  # mode=train: GPT-2 124M training iterations, time per iteration and MFU
+$ python bench.py --mode=loss      # the loss path alone: naive vs chunked vs torch's linear_cross_entropy
+
+Keys are overridden as in train.py: config files, then --key=value (python bench.py --help lists them).
+"""
+import os
+import sys
+import time
+import weakref
+import statistics
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+import configurator
+from configurator import ConfigError, fail
+from model import GPTConfig, GPT, chunked_cross_entropy, default_chunk_size
+
+# -----------------------------------------------------------------------------
+mode = 'train' # 'train': time training iterations; 'loss': time and memory of the loss path alone
+# model (train mode); n_embd and vocab_size are also the loss mode's d and V
+batch_size = 12
+block_size = 1024
+n_layer = 12
+n_head = 12
+n_embd = 768
+vocab_size = 50304
+bias = False
+dropout = 0.0 # 0 for determinism
+# data (train mode)
+real_data = True # read data_dir/dataset/train.bin; False: one fixed batch of random tokens
+data_dir = 'data'
+dataset = 'openwebtext'
+seed = 1337
+# train mode
+burnin_steps = 10
+num_steps = 20
+profile = False # use the torch profiler (traces in ./bench_log) instead of simple timing
+# loss mode
+loss_rows = '4096,8192' # the N of hidden (N, n_embd) @ weight (vocab_size, n_embd).T, comma-separated
+chunk_size = '0' # chunked_cross_entropy's rows per chunk, comma-separated to compare several; 0 = its default
+loss_runs = 5 # timed forward+backward runs per method and N, after one warm-up; the median is reported
+# system
+device = 'cuda' if torch.cuda.is_available() else 'cpu'
+dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device == 'cuda' else 'float32'
+compile = device == 'cuda' # torch.compile the model (train mode)
+# -----------------------------------------------------------------------------
+config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
+try:
+    config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
+    device_type = configurator.check_device(config['device'], config['dtype'])
+    if config['mode'] not in ('train', 'loss'):
+        raise ConfigError(f"unknown mode {config['mode']!r}: use 'train' or 'loss'")
+    try:
+        rows_list = [int(n) for n in config['loss_rows'].split(',')]
+        chunk_sizes = [int(c) for c in config['chunk_size'].split(',')]
+    except ValueError:
+        raise ConfigError(f"loss_rows and chunk_size take comma-separated integers, got "
+                          f"{config['loss_rows']!r} and {config['chunk_size']!r}") from None
+except ConfigError as e:
+    fail(e)
+globals().update(config)
+# -----------------------------------------------------------------------------
+
+torch.manual_seed(seed)
+ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+synchronize = torch.cuda.synchronize if device_type == 'cuda' else lambda: None
+
+
+def bench_train():
+    if real_data:
+        train_path = os.path.join(data_dir, dataset, 'train.bin')
+        if not os.path.isfile(train_path):
+            fail(f'{train_path} not found: run `python prepare/{dataset}.py`, or use --real_data=False')
+        train_data = np.memmap(train_path, dtype=np.uint16, mode='r')
+        if len(train_data) <= block_size:
+            fail(f'{train_path} has {len(train_data)} tokens, too few for block_size={block_size}')
+
+        def get_batch():
+            ix = torch.randint(len(train_data) - block_size, (batch_size,))
+            x = torch.stack([torch.from_numpy(train_data[i:i+block_size].astype(np.int64)) for i in ix])
+            y = torch.stack([torch.from_numpy(train_data[i+1:i+1+block_size].astype(np.int64)) for i in ix])
+            return x.to(device), y.to(device)
+    else: # fixed data, so data loading is out of the measurement
+        x = torch.randint(vocab_size, (batch_size, block_size), device=device)
+        y = torch.randint(vocab_size, (batch_size, block_size), device=device)
+        get_batch = lambda: (x, y)
+
+    model = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
+                          n_embd=n_embd, dropout=dropout, bias=bias)).to(device)
+    optimizer = model.configure_optimizers(weight_decay=1e-2, learning_rate=1e-4, betas=(0.9, 0.95),
+                                           device_type=device_type)
+    raw_model = model
+    if compile:
+        print('compiling the model...')
+        model = torch.compile(model)
+
+    def train_steps(steps, after_step=lambda: None):
+        X, Y = get_batch()
+        for k in range(steps):
+            with ctx:
+                _, loss = model(X, Y)
+            X, Y = get_batch()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            print(f'{k}/{steps} loss {loss.item():.4f}')
+            after_step()
+
+    if profile: # docs: https://pytorch.org/docs/stable/profiler.html
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device_type == 'cuda':
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        wait, warmup, active = 5, 5, 5
+        with torch.profiler.profile(activities=activities, with_flops=True,
+                                    schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active),
+                                    on_trace_ready=torch.profiler.tensorboard_trace_handler('./bench_log')) as prof:
+            train_steps(wait + warmup + active, prof.step)
+        return
+    if device_type == 'cuda':
+        torch.cuda.reset_peak_memory_stats(device)
+    for stage, steps in (('burn-in', burnin_steps), ('benchmark', num_steps)):
+        print(f'{stage}: {steps} steps')
+        synchronize()
+        t0 = time.time()
+        train_steps(steps)
+        synchronize()
+        dt = time.time() - t0
+    mfu = raw_model.estimate_mfu(batch_size, dt / num_steps)
+    print(f'time per iteration: {dt / num_steps * 1000:.4f}ms, MFU: {mfu * 100:.2f}%')
+    print(f'tokens/s: {batch_size * block_size * num_steps / dt:,.0f} (MFU is relative to an A100\'s bf16 peak, '
+          f'312 TFLOPS, as in nanoGPT)')
+    if device_type == 'cuda':
+        print(f'peak allocated memory: {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB')
+
+
+class LiveStorageBytes(TorchDispatchMode):
+    """An allocation tracker for the CPU, which has no allocator statistics: the peak bytes of the tensor storages
+    created under it that are alive at once. Storages that exist before (the inputs) are not counted."""
+
+    def __init__(self, *existing):
+        super().__init__()
+        self.seen = {t.untyped_storage()._cdata for t in existing}
+        self.live = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                storage = tensor.untyped_storage() # views and in-place results share one already seen
+                if storage._cdata not in self.seen:
+                    self.seen.add(storage._cdata)
+                    self.live += storage.nbytes()
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(storage, self._release, storage._cdata, storage.nbytes())
+        return out
+
+    def _release(self, key, nbytes):
+        self.seen.discard(key)
+        self.live -= nbytes
+
+
+def bench_loss():
+    methods = {'naive F.cross_entropy(F.linear)': lambda h, w, t: F.cross_entropy(F.linear(h, w), t)}
+    for chunk in chunk_sizes:
+        rows = chunk or default_chunk_size(vocab_size)
+        methods[f'chunked_cross_entropy, {rows} rows'] = (
+            lambda h, w, t, rows=rows: chunked_cross_entropy(h, w, t, chunk_size=rows))
+    if hasattr(F, 'linear_cross_entropy') and hasattr(torch.nn, 'LinearCrossEntropyOptions'):
+        methods['torch F.linear_cross_entropy'] = lambda h, w, t: F.linear_cross_entropy(
+            h, w, t, options=torch.nn.LinearCrossEntropyOptions()) # default options: its chunked path
+    else:
+        print(f'torch {torch.__version__} has no F.linear_cross_entropy: skipped')
+
+    def forward_backward(loss_fn, h, w, t):
+        loss_fn(h, w, t).backward()
+        h.grad = w.grad = None # free the gradients before the next run
+        synchronize()
+
+    def peak_bytes(loss_fn, h, w, t):
+        """Memory allocated beyond the inputs during one forward+backward, gradients included."""
+        if device_type == 'cuda':
+            baseline = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            forward_backward(loss_fn, h, w, t)
+            return torch.cuda.max_memory_allocated(device) - baseline
+        with LiveStorageBytes(h, w, t) as tracker:
+            forward_backward(loss_fn, h, w, t)
+        return tracker.peak
+
+    print(f'loss path forward+backward, d={n_embd}, V={vocab_size}, {dtype}, {device}, '
+          f'{torch.get_num_threads()} threads, median of {loss_runs} runs')
+    # peak: all memory the loss path allocates, its gradients (N x d and V x d) included; beyond grads: the rest,
+    # the temporaries that an implementation can save (the gradients themselves are needed by any)
+    print(f"{'N':>6}  {'method':<38} {'time':>9} {'vs naive':>8} {'peak MiB':>9} {'beyond grads':>12}")
+    for n in rows_list:
+        h = torch.randn(n, n_embd, device=device, dtype=ptdtype, requires_grad=True) # the same inputs for all
+        w = (torch.randn(vocab_size, n_embd, device=device, dtype=ptdtype) * 0.02).requires_grad_()
+        t = torch.randint(vocab_size, (n,), device=device)
+        peaks = {name: peak_bytes(fn, h, w, t) for name, fn in methods.items()} # untimed: the tracker is slow
+        times = {name: [] for name in methods}
+        for run in range(1 + loss_runs): # run 0 warms up; methods interleave so machine noise hits each alike
+            for name, fn in methods.items():
+                t0 = time.perf_counter()
+                forward_backward(fn, h, w, t)
+                if run > 0:
+                    times[name].append(time.perf_counter() - t0)
+        naive_time = statistics.median(next(iter(times.values())))
+        grad_mib = (h.numel() + w.numel()) * h.element_size() / 2**20
+        for name in methods:
+            median, peak_mib = statistics.median(times[name]), peaks[name] / 2**20
+            print(f'{n:>6}  {name:<38} {median:>8.3f}s {median / naive_time:>7.2f}x {peak_mib:>9.1f} '
+                  f'{peak_mib - grad_mib:>12.1f}')
+
+
+if mode == 'train':
+    bench_train()
+else:
+    bench_loss()

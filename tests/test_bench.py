@@ -1,0 +1,43 @@
+"""bench.py: both modes on tiny shapes (seconds), and its one-line error for a missing dataset. No timings."""
+import torch.nn.functional as F
+
+from conftest import run_script
+
+TINY_TRAIN = ['--device=cpu', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16',
+              '--batch_size=2', '--vocab_size=256', '--num_steps=2', '--burnin_steps=1']
+# N * V is 32x a chunk's logits, so the naive path's full logits dwarf the chunked path's
+TINY_LOSS = ['--mode=loss', '--device=cpu', '--loss_rows=1024', '--n_embd=16', '--vocab_size=2048',
+             '--chunk_size=32', '--loss_runs=1']
+
+
+def test_train_mode_prints_time_per_iteration():
+    result = run_script('bench.py', *TINY_TRAIN, '--real_data=False')
+    assert result.returncode == 0, result.stderr
+    assert '1/2 loss ' in result.stdout
+    assert 'time per iteration: ' in result.stdout and 'MFU: ' in result.stdout
+
+
+def test_real_data_without_the_dataset_fails_with_one_line(tmp_path):
+    result = run_script('bench.py', *TINY_TRAIN, f'--data_dir={tmp_path}', '--dataset=nothing_here')
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'Traceback' not in result.stderr
+    assert str(tmp_path / 'nothing_here' / 'train.bin') in lines[0]
+    assert 'python prepare/nothing_here.py' in lines[0] and '--real_data=False' in lines[0]
+
+
+def peak_mib(stdout, method):
+    """The peak MiB column (the next to last) of the loss table's row whose method name starts with `method`."""
+    rows = [line.split() for line in stdout.splitlines() if line.startswith('  1024  ')]
+    return float(next(row for row in rows if row[1].startswith(method))[-2])
+
+
+def test_loss_mode_has_a_row_per_method_and_the_chunked_peak_is_below_naive():
+    result = run_script('bench.py', *TINY_LOSS)
+    assert result.returncode == 0, result.stderr
+    naive, ours = peak_mib(result.stdout, 'naive'), peak_mib(result.stdout, 'chunked_cross_entropy')
+    assert 'chunked_cross_entropy, 32 rows' in result.stdout
+    # naive keeps (N, V) fp32 logits, 8 MiB here, alive; the chunked path 1/32 of them plus the gradients
+    assert naive >= 8 and ours < naive / 4
+    if hasattr(F, 'linear_cross_entropy'):
+        assert peak_mib(result.stdout, 'torch') > 0
