@@ -24,16 +24,19 @@ import sys
 import weakref
 
 import torch
+import torch.distributed as dist
 from torch.nn import functional as F
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 import configurator
 import model as model_module
+import optim as optim_lib
 from checkpoint import CheckpointError, load_checkpoint
 from configurator import ConfigError
 from model import GPT, GPTConfig
+from parallel import PARALLELISMS, set_gradient_sync, shard_model, shard_optimizer_state
 
 GIB = 2 ** 30
 MIB = 2 ** 20
@@ -63,8 +66,21 @@ DEFAULT_VOCAB_SIZE = 50304  # GPT-2's 50257 padded up to a multiple of 64, as tr
 LOSSES = ('chunked', 'naive')
 CATEGORIES = ('parameters', 'gradients', 'optimizer_state', 'ddp_gradient_buckets', 'activations', 'loss_path',
               'temporaries')
+PARALLELISM_NOTES = {  # what the per-rank figures above mean, for world_size > 1
+    'ddp': 'note: per rank; DDP holds the gradients a second time, in its buckets (counted above); the per-rank peak '
+           'does not fall with world_size: try --parallelism=zero1 or fsdp',
+    'zero1': "note: per rank (rank 0, the largest share); each rank keeps 1/world_size of the AdamW state, and DDP's "
+             "gradient buckets (counted above)",
+    'fsdp': 'note: per rank (rank 0, the largest share); weights, gradients and AdamW state are split over the ranks, '
+            "each block's weights gathered only for its forward and backward (counted as parameters); between "
+            "accumulation micro-steps the gradients stay unsharded (counted as temporaries)"}
 ESTIMATOR_DEFAULTS = {'gpu_memory_gb': 12.0, 'json': False, 'find_batch_size': False, 'measure': False,
                       'world_size': 1, 'loss': 'chunked'}
+
+
+def local_storage(tensor):
+    """The storage behind `tensor`: for an FSDP shard (DTensor), its rank's local tensor's."""
+    return getattr(tensor, '_local_tensor', tensor).untyped_storage()
 
 
 class MemoryTracer(TorchDispatchMode):
@@ -106,7 +122,7 @@ class MemoryTracer(TorchDispatchMode):
         self.forward_depth += step
 
     def retag(self, tensor, category):
-        entry = self.live[id(tensor.untyped_storage())]
+        entry = self.live[id(local_storage(tensor))]
         self.by_category[entry[1]] -= entry[0]
         self.by_category[category] += entry[0]
         entry[1] = category
@@ -138,7 +154,9 @@ class MemoryTracer(TorchDispatchMode):
         return 'activations' if self.forward_depth > 0 else 'temporaries'
 
     def _track(self, tensor):
-        storage = tensor.untyped_storage()
+        if is_traceable_wrapper_subclass(tensor) and not hasattr(tensor, '_local_tensor'):
+            return  # e.g. torchao's 8-bit optimizer state: its memory is its inner tensors', tracked when created
+        storage = local_storage(tensor)
         key = id(storage)
         if key in self.live:
             return
@@ -152,6 +170,8 @@ class MemoryTracer(TorchDispatchMode):
         self.allocations[allocation] = max(size, self.allocations.get(allocation, 0))
 
     def _free(self, key):
+        if key not in self.live:  # already freed by a resize to 0 (see _resized)
+            return
         size, category = self.live.pop(key)
         self.by_category[category] -= size
         self.current -= size
@@ -161,11 +181,11 @@ class MemoryTracer(TorchDispatchMode):
         if self.optimizer is None:
             return breakdown
         grads = [p.grad for p in self.parameters if p.grad is not None]
-        state = [t for s in self.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        state = optim_lib.state_tensors(self.optimizer)  # torchao's 8-bit state: the tensors inside its subclass
         moved = set()
         for category, tensors in (('gradients', grads), ('optimizer_state', state)):
             for t in tensors:
-                key = id(t.untyped_storage())
+                key = id(local_storage(t))
                 if key in self.live and key not in moved:
                     moved.add(key)
                     size, tagged = self.live[key]
@@ -173,14 +193,44 @@ class MemoryTracer(TorchDispatchMode):
                     breakdown[category] += size
         return breakdown
 
+    def _resized(self, storage, nbytes):
+        """FSDP frees and reallocates each gathered (unsharded) parameter by resizing its storage, which no op shows:
+        UntypedStorage.resize_ is wrapped while tracing, and such storages count as parameters."""
+        key = id(storage)
+        if key in self.live:
+            self._free(key)
+        if nbytes:
+            size = -(-nbytes // self.alignment) * self.alignment
+            self.live[key] = [size, 'parameters']
+            self.by_category['parameters'] += size
+            self.current += size
+            weakref.finalize(storage, self._free, key)
+            self._update_peak()
+
+    def _update_peak(self):
+        if self.current > self.peak:
+            self.peak = self.current
+            self.peak_breakdown = self._breakdown()
+
+    def __enter__(self):
+        resize = self._original_resize = torch.UntypedStorage.resize_
+        def traced_resize(storage, nbytes):
+            result = resize(storage, nbytes)
+            self._resized(storage, nbytes)
+            return result
+        torch.UntypedStorage.resize_ = traced_resize
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._original_resize
+        return super().__exit__(*exc)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self._track(t)
-        if self.current > self.peak:
-            self.peak = self.current
-            self.peak_breakdown = self._breakdown()
+        self._update_peak()
         return out
 
     def largest_allocations(self, n, category=None):
@@ -247,16 +297,27 @@ def model_config(config):
     return gptconf, crop
 
 
-def build(config, activation_checkpointing):
-    """train.py's model and optimizer, on the current device and mode; their stdout (print) goes nowhere."""
+def build(config, activation_checkpointing, mesh=None):
+    """train.py's model and optimizer, on the current device and mode, sharded over `mesh` (see sharded_rank) as
+    config's parallelism does; their stdout (print) goes nowhere."""
     with contextlib.redirect_stdout(io.StringIO()):
+        optim_lib.check_config(config, config['world_size'])
+        with unset_fake_temporarily():  # a library's one-off setup on real tensors (torchao's 8-bit code maps)
+            optim_lib.warm_up(config['optim'])
         gptconf, crop = model_config(config)
         model = GPT(gptconf)
         if crop is not None:
             model.crop_block_size(crop)
         model.activation_checkpointing = activation_checkpointing
+        if mesh is not None and config['parallelism'] == 'fsdp':
+            shard_model(model, mesh)
         optimizer = model.configure_optimizers(config['weight_decay'], config['learning_rate'],
-                                               (config['beta1'], config['beta2']), device_type='cuda')
+                                               (config['beta1'], config['beta2']), device_type='cuda',
+                                               optim=config['optim'])
+        if config['optimizer_in_backward']:  # the step runs in backward's hooks: train_iterations is unchanged
+            optimizer = optim_lib.OptimizerInBackward(optimizer)
+        if mesh is not None and config['parallelism'] == 'zero1':
+            optimizer = shard_optimizer_state(optimizer)
     return model, optimizer
 
 
@@ -294,8 +355,11 @@ def train_iterations(model, optimizer, config, batch_size, device_type, warm_sta
             optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros(())  # the previous micro-step's loss, still referenced during the next forward
         iterations, micro_steps = 1, 1
+    sharded = hasattr(model, 'set_requires_gradient_sync')  # FSDP: train.py reduce-scatters on the last micro-step
     for _ in range(iterations):
-        for _ in range(micro_steps):
+        for micro_step in range(micro_steps):
+            if sharded:
+                set_gradient_sync(model, 'fsdp', micro_step == micro_steps - 1)
             with autocast(device_type, config['dtype']):
                 _, loss = model(X, Y)
                 loss = loss / accumulation
@@ -316,6 +380,24 @@ def eval_forward(model, config, batch_size, device_type):
     model.train()
 
 
+@contextlib.contextmanager
+def sharded_rank(config):
+    """For zero1 and fsdp on world_size > 1 processes: a stand-in process group of that size ('fake' backend:
+    collectives move no data) in which this process is rank 0, the one with the largest share (ZeRO hands out the
+    largest tensors first, FSDP's first shards are the fullest), and FSDP's device mesh over it; built outside
+    FakeTensorMode. Yields the mesh, or None where nothing is sharded."""
+    if config['world_size'] == 1 or config['parallelism'] == 'ddp':
+        yield None
+        return
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    dist.init_process_group('fake', store=FakeStore(), rank=0, world_size=config['world_size'])
+    try:
+        yield init_device_mesh('cpu', (config['world_size'],))
+    finally:
+        dist.destroy_process_group()
+
+
 def traced_micro_steps(config):
     """Micro-steps traced per iteration: train.py splits gradient_accumulation_steps over the DDP processes."""
     return min(config['gradient_accumulation_steps'] // config['world_size'], TRACED_MICRO_STEPS)
@@ -327,14 +409,15 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
     batch_size, activation_checkpointing = config['batch_size'], config['activation_checkpointing']
     eval_batch_size = config['eval_batch_size'] or batch_size
     tracer = MemoryTracer(alignment)
-    with FakeTensorMode(), tracer, loss_function(loss, tracer):
-        model, optimizer = build(config, activation_checkpointing)
+    with sharded_rank(config) as mesh, FakeTensorMode(), tracer, loss_function(loss, tracer):
+        model, optimizer = build(config, activation_checkpointing, mesh)
         tracer.watch(model, optimizer)
         for block in model.transformer.h:
             # CUDA's attention kernels apply dropout inside the kernel and keep no T x T matrix; CPU's SDPA falls
             # back to the math kernel for dropout, which would, so the trace runs attention without dropout
             block.attn.dropout = 0.0
-        if config['world_size'] > 1:  # DDP copies the gradients to buckets of their own (gradient_as_bucket_view=False)
+        if config['world_size'] > 1 and config['parallelism'] != 'fsdp':
+            # DDP (zero1 too) copies the gradients to buckets of their own (gradient_as_bucket_view=False)
             buckets = torch.empty(sum(p.numel() for p in model.parameters()), dtype=torch.float32)
             tracer.retag(buckets, 'ddp_gradient_buckets')
         tracer.reset_peak()
@@ -351,7 +434,7 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
     return dict(model=model_args, batch_size=batch_size,
                 gradient_accumulation_steps=config['gradient_accumulation_steps'],
                 micro_steps_traced=traced_micro_steps(config), world_size=config['world_size'],
-                dtype=config['dtype'], loss=loss, activation_checkpointing=activation_checkpointing,
+                parallelism=config['parallelism'], dtype=config['dtype'], loss=loss, activation_checkpointing=activation_checkpointing,
                 train=train, eval=evaluation)
 
 
@@ -471,6 +554,8 @@ def check_config(config):
                           f"world_size={config['world_size']} (train.py splits it over the processes)")
     if config['init_from'] == 'scratch' and config['n_embd'] % config['n_head'] != 0:
         raise ConfigError(f"n_embd={config['n_embd']} must be divisible by n_head={config['n_head']}")
+    if config['parallelism'] not in PARALLELISMS:
+        raise ConfigError(f"unknown parallelism {config['parallelism']!r}: use one of {', '.join(PARALLELISMS)}")
     if config['dtype'] not in configurator.DTYPES:
         raise ConfigError(f"unknown dtype {config['dtype']!r}: use one of {', '.join(configurator.DTYPES)}")
     if config['loss'] not in LOSSES:
@@ -503,7 +588,8 @@ def report(config, result):
              f"n_embd={m['n_embd']}, block_size={m['block_size']}, vocab_size={m['vocab_size']}, bias={m['bias']})",
              f"step: micro-batch {result['batch_size']} x {m['block_size']}, gradient_accumulation_steps="
              f"{result['gradient_accumulation_steps']}, world_size={result['world_size']}, {result['dtype']} autocast, "
-             f"fused AdamW, {result['loss']} loss, activation checkpointing {checkpointing}",
+             f"{optim_lib.describe(config['optim'], config['optimizer_in_backward'])}, {result['loss']} loss, "
+             f"activation checkpointing {checkpointing}",
              f"training peak of tensors: {gib(train['peak_bytes'])} ({TRACED_ITERATIONS} iterations traced, "
              f"{result['micro_steps_traced']} micro-step(s) each: later micro-steps repeat the 2nd)"]
     lines += [f"  {gib(size):>9}  {name.replace('_', ' ')}" for name, size in train['breakdown'].items()
@@ -530,8 +616,7 @@ def report(config, result):
     if config['dtype'] == 'float16':
         lines.append('note: traced in bfloat16, which takes the same bytes as float16')
     if result['world_size'] > 1:
-        lines.append('note: DDP holds the gradients a second time, in its buckets (counted above); the per-rank '
-                     'peak does not depend on world_size otherwise')
+        lines.append(PARALLELISM_NOTES[result['parallelism']])
     for choice in result.get('find_batch_size', []):
         found = ('even batch 1 does not fit' if choice['batch_size'] is None else
                  f"--batch_size={choice['batch_size']} --gradient_accumulation_steps="

@@ -15,7 +15,6 @@ https://github.com/huggingface/transformers/blob/main/src/transformers/models/gp
 """
 
 import math
-import inspect
 from dataclasses import dataclass
 
 import torch
@@ -23,14 +22,17 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+import optim as optim_lib
+
 # -----------------------------------------------------------------------------
 # chunked, fused linear + cross-entropy
 
-# Elements of one chunk's logits (chunk rows x vocab). 2**23 fp32 elements are 32 MiB: with GPT-2's 50304-token
-# vocabulary that is 160 rows a chunk, large enough for an efficient (160 x 768) @ (768 x 50304) matmul, small
-# enough that the loss path's temporaries (a chunk's logits in the compute dtype and in fp32, plus its gradient)
-# stay near 100 MiB whatever the batch. Small vocabularies get one chunk: nothing to save there.
-CHUNK_ELEMENTS = 2 ** 23
+# Elements of one chunk's logits (chunk rows x vocab). 25 * 2**20 fp32 elements are 100 MiB: with GPT-2's
+# 50304-token vocabulary that is 512 rows a chunk. `python bench.py --mode=loss` measured 512 rows clearly faster
+# than 160 (fewer, larger matmuls: 0.79x vs 1.11x the naive loss's time at N=8192 on a 2-core CPU) while the loss
+# path's temporaries beyond its gradients (about two chunk-sized fp32 tensors, logits and logsumexp's) stay near
+# 200 MiB whatever the batch. Small vocabularies get one chunk: nothing to save there.
+CHUNK_ELEMENTS = 25 * 2 ** 20
 
 def default_chunk_size(vocab_size):
     rows = max(1, CHUNK_ELEMENTS // vocab_size)
@@ -342,7 +344,7 @@ class GPT(nn.Module):
                     sd[k].copy_(sd_hf[k])
         return model
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optim='adamw'):
         # start with all of the candidate parameters
         param_dict = {pn: p for pn, p in self.named_parameters()}
         # filter out those that do not require grad
@@ -359,12 +361,11 @@ class GPT(nn.Module):
         num_nodecay_params = sum(p.numel() for p in nodecay_params)
         print(f"num decayed parameter tensors: {len(decay_params)}, with {num_decay_params:,} parameters")
         print(f"num non-decayed parameter tensors: {len(nodecay_params)}, with {num_nodecay_params:,} parameters")
-        # Create AdamW optimizer and use the fused version if it is available
-        fused_available = 'fused' in inspect.signature(torch.optim.AdamW).parameters
-        use_fused = fused_available and device_type == 'cuda'
-        extra_args = dict(fused=True) if use_fused else dict()
-        optimizer = torch.optim.AdamW(optim_groups, lr=learning_rate, betas=betas, **extra_args)
-        print(f"using fused AdamW: {use_fused}")
+        # Create the AdamW optimizer `optim` (optim.py: 'adamw' is torch's, fused on CUDA; 'adamw_bf16' and
+        # 'adamw_8bit' keep its moments in less memory)
+        optimizer_class, extra_args = optim_lib.optimizer_class(optim, device_type)
+        optimizer = optimizer_class(optim_groups, lr=learning_rate, betas=betas, **extra_args)
+        print(f"using fused AdamW: {extra_args.get('fused', False)}" if optim == 'adamw' else f"using {optim}")
 
         return optimizer
 

@@ -44,6 +44,8 @@ from configurator import ConfigError, fail
 from checkpoint import CheckpointError, checkpoint_path, first_line, load_checkpoint, load_model_state, save_checkpoint
 from memory_advice import cuda_memory_stats, oom_advice
 from model import GPTConfig, GPT
+from parallel import (PARALLELISMS, full_state_dicts, load_optimizer_state, set_gradient_sync, shard_model,
+                      shard_optimizer_state)
 
 # -----------------------------------------------------------------------------
 # --- config defaults ---
@@ -56,7 +58,7 @@ eval_iters = 200
 eval_only = False # if True, script exits right after the first eval
 always_save_checkpoint = True # if True, always save a checkpoint after each eval
 init_from = 'scratch' # 'scratch' or 'resume' or 'gpt2*'
-seed = 1337 # rank r seeds torch with seed + r; batches are drawn from (seed, iteration, micro-step)
+seed = 1337 # initial weights from seed, rank r's dropout from seed + r; batches from (seed, iteration, micro-step)
 # wandb logging
 wandb_log = False # disabled by default
 wandb_project = 'owt'
@@ -67,7 +69,7 @@ dataset = 'openwebtext'
 gradient_accumulation_steps = 5 * 8 # used to simulate larger batch sizes
 batch_size = 12 # if gradient_accumulation_steps > 1, this is the micro-batch size
 block_size = 1024
-eval_batch_size = 0 # micro-batch of estimate_loss (same windows, same loss), 0 = batch_size; no backward, so larger fits
+eval_batch_size = 0 # estimate_loss's micro-batch (same windows, same loss), 0 = batch_size; no backward: larger fits
 # model
 n_layer = 12
 n_head = 12
@@ -83,6 +85,8 @@ weight_decay = 1e-1
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0 # clip gradients at this value, or disable if == 0.0
+optim = 'adamw' # 'adamw' (fp32 moments), 'adamw_bf16' (bf16 moments) or 'adamw_8bit' (torchao's 8-bit): optim.py
+optimizer_in_backward = False # update each parameter in backward and free its gradient: needs accumulation 1, no clip
 # learning rate decay settings
 decay_lr = True # whether to decay the learning rate
 warmup_iters = 2000 # how many steps to warm up for
@@ -95,6 +99,7 @@ dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device 
 compile = device == 'cuda' # use PyTorch 2.0 to compile the model to be faster (Triton kernels: CUDA only)
 # DDP settings
 backend = 'nccl' if device == 'cuda' else 'gloo' # 'nccl', 'gloo', etc.
+parallelism = 'ddp' # under torchrun: 'ddp' replicates the training state, 'zero1' shards AdamW's, 'fsdp' all of it
 # --- end config defaults ---
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 try:
@@ -119,6 +124,8 @@ if eval_batch_size < 0:
 if gradient_accumulation_steps % ddp_world_size != 0:
     fail(f'gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by the {ddp_world_size} '
          f'processes (each runs an equal share): use a multiple of {ddp_world_size}')
+if parallelism not in PARALLELISMS:
+    fail(f"unknown parallelism {parallelism!r}: use one of {', '.join(PARALLELISMS)} (README: Multi-GPU)")
 if backend == 'nccl' and device_type != 'cuda':
     fail(f"backend='nccl' needs CUDA: use --backend=gloo with device={device!r}")
 if init_from not in ('scratch', 'resume') and init_from not in GPT.PRETRAINED_ARGS:
@@ -132,6 +139,11 @@ if wandb_log and master_process:
         import wandb # imported only when asked for; WANDB_MODE=offline or disabled needs no network
     except ImportError:
         fail('wandb_log=True but wandb is not installed: pip install wandb, or pass --wandb_log=False')
+from optim import OptimizerInBackward, check_config as check_optim_config # optim, optimizer_in_backward
+try:
+    check_optim_config(config, ddp_world_size)
+except ConfigError as e:
+    fail(e)
 
 data_path = os.path.join(data_dir, dataset)
 for split in ('train', 'val'):
@@ -163,12 +175,19 @@ if ddp and device_type == 'cuda':
     device = f'cuda:{ddp_local_rank}'
     torch.cuda.set_device(device)
 if auto_batch_size: # the largest micro-batch that estimate_memory.py finds to fit this card, same tokens per step
-    from estimate_memory import pick_batch_size
+    from estimate_memory import pick_batch_size # before the process group: its trace makes one of its own
     try:
         batch_size, gradient_accumulation_steps = pick_batch_size(dict(config, world_size=ddp_world_size),
                                                                   torch.cuda.mem_get_info(device)[0])
     except ConfigError as e:
         fail(e)
+if ddp: # before the model: zero1's optimizer and fsdp's sharding need the process group
+    dist.init_process_group(backend=backend)
+if auto_batch_size:
+    if ddp: # the ranks' free memory can differ a little: all take the master's choice
+        choice = [batch_size, gradient_accumulation_steps]
+        dist.broadcast_object_list(choice, src=0)
+        batch_size, gradient_accumulation_steps = choice
     config.update(batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps)
     print(f'auto_batch_size: batch_size = {batch_size}, gradient_accumulation_steps = {gradient_accumulation_steps}')
 seed_offset = ddp_rank # each process gets a different seed
@@ -179,7 +198,7 @@ tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * bl
 if master_process:
     print(f"tokens per iteration will be: {tokens_per_iter:,}")
 
-torch.manual_seed(seed + seed_offset)
+torch.manual_seed(seed) # the same initial weights on every rank: fsdp keeps each rank's own shard of them
 if device_type == 'cuda': # allow tf32 on matmul and cudnn (torch 2.9 renamed allow_tf32 to fp32_precision)
     if hasattr(torch.backends.cuda.matmul, 'fp32_precision'):
         torch.backends.cuda.matmul.fp32_precision = 'tf32'
@@ -270,28 +289,39 @@ else:
         best_val_loss = float(checkpoint['best_val_loss'])
 model.activation_checkpointing = activation_checkpointing
 model.to(device)
-raw_model = model # the plain module: saved, and asked for MFU, without DDP's and compile's wrappers
+if ddp and parallelism == 'fsdp':
+    shard_model(model) # in place: the weights it loaded above are split over the ranks
+torch.manual_seed(seed + seed_offset) # then each rank its own dropout
+raw_model = model # the plain (or fully_shard-ed) module: saved, and asked for MFU, without DDP's and compile's wrappers
 
 # initialize a GradScaler. If enabled=False scaler is a no-op
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 
 # optimizer
-optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, optim=optim)
+if optimizer_in_backward: # hooks update each parameter as backward finishes its gradient, then free the gradient
+    optimizer = OptimizerInBackward(optimizer) # same update and state_dict; its step() and zero_grad() have no work
+if ddp and parallelism == 'zero1':
+    optimizer = shard_optimizer_state(optimizer) # each rank keeps and steps the AdamW state of its share
 if checkpoint is not None:
-    optimizer.load_state_dict(checkpoint['optimizer'])
+    saved_optim = (checkpoint.get('config') or {}).get('optim', 'adamw') # nanoGPT's checkpoints: torch's AdamW
+    if saved_optim != optim:
+        fail(f"{checkpoint_path(out_dir)} holds the state of optim={saved_optim!r}, not optim={optim!r}: resume with "
+             f"--optim={saved_optim}")
+    load_optimizer_state(optimizer, checkpoint['optimizer']) # split as this run's parallelism and world size want
     if checkpoint.get('scaler'): # empty when saved with the scaler disabled
         scaler.load_state_dict(checkpoint['scaler'])
     saved_rng_states = checkpoint.get('rng_states')
-    if saved_rng_states is None:
-        print(f"note: {checkpoint_path(out_dir)} has no RNG or GradScaler state (written by nanoGPT?): resuming "
-              f"without them, so the losses will not repeat the original run's exactly")
-    elif len(saved_rng_states) != ddp_world_size:
-        print(f"note: {checkpoint_path(out_dir)} holds the RNG states of {len(saved_rng_states)} processes, this run "
-              f"has {ddp_world_size}: dropout randomness restarts from the seed")
-    else:
+    if saved_rng_states is not None and len(saved_rng_states) == ddp_world_size:
         torch.set_rng_state(saved_rng_states[ddp_rank]['torch'].cpu())
         if device_type == 'cuda' and saved_rng_states[ddp_rank]['cuda'] is not None:
             torch.cuda.set_rng_state(saved_rng_states[ddp_rank]['cuda'].cpu(), device)
+    elif saved_rng_states is None and master_process:
+        print(f"note: {checkpoint_path(out_dir)} has no RNG or GradScaler state (written by nanoGPT?): resuming "
+              f"without them, so the losses will not repeat the original run's exactly")
+    elif master_process:
+        print(f"note: {checkpoint_path(out_dir)} holds the RNG states of {len(saved_rng_states)} processes, this run "
+              f"has {ddp_world_size}: dropout randomness restarts from the seed")
 checkpoint = None # free up memory
 
 # compile the model
@@ -299,28 +329,31 @@ if compile:
     print("compiling the model... (takes a ~minute)")
     model = torch.compile(model) # requires PyTorch 2.0
 
-# wrap model into DDP container
-if ddp:
-    dist.init_process_group(backend=backend)
+# wrap model into DDP container (fsdp's sharding is done: before the optimizer, which must see the shards)
+if ddp and parallelism != 'fsdp':
     model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
 
 # helps estimate an arbitrarily accurate loss over either split using many batches: eval_iters x batch_size windows,
-# as in nanoGPT, drawn as one set and run in micro-batches of eval_batch_size, which changes the memory, not the loss
+# as in nanoGPT (rounded up to a multiple of the world size), drawn as one set, split evenly over the ranks and run in
+# micro-batches of eval_batch_size, which changes the memory, not the loss. Every rank gets the same result.
 @torch.no_grad()
 def estimate_loss(it):
     out = {}
     model.eval()
     rows = eval_batch_size or batch_size
-    for split_index, split in enumerate(['train', 'val']):
+    share = math.ceil(eval_iters * batch_size / ddp_world_size) # windows per rank: the same number on every rank,
+    for split_index, split in enumerate(['train', 'val']):      # as fsdp's forward is a collective
         data = np.memmap(os.path.join(data_path, f'{split}.bin'), dtype=np.uint16, mode='r')
         offsets = np.random.default_rng((seed, 1 + split_index, it)).integers(len(data) - block_size,
-                                                                               size=eval_iters * batch_size)
+                                                                               size=share * ddp_world_size)
         loss_sum = torch.zeros((), device=device)
-        for start in range(0, len(offsets), rows):
-            X, Y = windows(data, offsets[start:start + rows])
+        for start in range(ddp_rank * share, (ddp_rank + 1) * share, rows):
+            X, Y = windows(data, offsets[start:min(start + rows, (ddp_rank + 1) * share)])
             with ctx:
                 _, loss = model(X, Y)
             loss_sum += loss.float() * len(X) # every window has block_size targets: weight by rows
+        if ddp:
+            dist.all_reduce(loss_sum)
         out[split] = loss_sum.item() / len(offsets)
     model.train()
     return out
@@ -379,13 +412,13 @@ try:
 
         # evaluate the loss on train/val sets and write checkpoints
         if iter_num % eval_interval == 0 or eval_only:
-            rng_states = rng_states_of_all_ranks() # a collective: every rank takes part, the master saves
+            rng_states = rng_states_of_all_ranks() # collectives from here on: every rank takes part, the master saves
+            losses = estimate_loss(iter_num) # the same on every rank, so every rank takes the same decisions below
+            for split, value in losses.items():
+                if not math.isfinite(value):
+                    fail_not_finite(f'the {split} loss', value)
             if master_process:
-                losses = estimate_loss(iter_num)
                 print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                for split, value in losses.items():
-                    if not math.isfinite(value):
-                        fail_not_finite(f'the {split} loss', value)
                 if wandb_log:
                     wandb.log({
                         "iter": iter_num,
@@ -394,13 +427,16 @@ try:
                         "lr": lr,
                         "mfu": running_mfu*100, # convert to percentage
                     })
-                if (losses['val'] < best_val_loss or always_save_checkpoint) and not eval_only:
-                    best_val_loss = losses['val']
-                    if iter_num > 0:
+            if (losses['val'] < best_val_loss or always_save_checkpoint) and not eval_only:
+                best_val_loss = losses['val']
+                if iter_num > 0:
+                    # full tensors for the master whatever the parallelism, so any mode and world size can resume
+                    model_state, optimizer_state = full_state_dicts(raw_model, optimizer, master_process)
+                    if master_process:
                         print(f"saving checkpoint to {out_dir}")
                         save_checkpoint({
-                            'model': raw_model.state_dict(),
-                            'optimizer': optimizer.state_dict(),
+                            'model': model_state,
+                            'optimizer': optimizer_state,
                             'model_args': model_args,
                             'iter_num': iter_num,
                             'best_val_loss': best_val_loss,
@@ -408,6 +444,7 @@ try:
                             'scaler': scaler.state_dict(),
                             'rng_states': rng_states,
                         }, out_dir)
+                    model_state = optimizer_state = None # free the gathered copies before training goes on
         if eval_only:
             break
 
@@ -415,12 +452,9 @@ try:
         # and using the GradScaler if data type is float16
         loss_sum = torch.zeros((), device=device) # the step's mean micro-batch loss, kept on the device: no sync
         for micro_step in range(gradient_accumulation_steps):
-            if ddp:
-                # in DDP training we only need to sync gradients at the last micro step.
-                # the official way to do this is with model.no_sync() context manager, but
-                # I really dislike that this bloats the code and forces us to repeat code
-                # looking at the source of that context manager, it just toggles this variable
-                model.require_backward_grad_sync = (micro_step == gradient_accumulation_steps - 1)
+            if ddp: # sync gradients at the last micro step only
+                set_gradient_sync(raw_model if parallelism == 'fsdp' else model, parallelism,
+                                  micro_step == gradient_accumulation_steps - 1)
             with ctx:
                 _, loss = model(X, Y) # the model never builds the logits when given targets
                 loss = loss / gradient_accumulation_steps # scale the loss to account for gradient accumulation
@@ -434,7 +468,7 @@ try:
         if grad_clip != 0.0:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        # step the optimizer and scaler if training in fp16
+        # step the optimizer and scaler if training in fp16 (optimizer_in_backward: done in backward, nothing left)
         scaler.step(optimizer)
         scaler.update()
         # flush the gradients as soon as we can, no need for this memory anymore

@@ -40,7 +40,10 @@ def test_openwebtext_12gb_batch_shape():
     assert 'compile' in assigned
 
 
-def test_finetune_12gb_uses_gpt2_medium_with_checkpointing():
-    config = load(ROOT / 'config' / 'finetune_shakespeare_12gb.py')
-    assert config['init_from'] == 'gpt2-medium' and config['activation_checkpointing'] is True
+@pytest.mark.parametrize('name, model', [('finetune_shakespeare_12gb.py', 'gpt2-large'),
+                                         ('finetune_shakespeare_24gb.py', 'gpt2-xl')])
+def test_finetune_presets_use_8bit_adamw_with_checkpointing(name, model):
+    config = load(ROOT / 'config' / name)
+    assert config['init_from'] == model and config['activation_checkpointing'] is True
+    assert config['optim'] == 'adamw_8bit' and config['optimizer_in_backward'] is False
     assert (config['batch_size'], config['block_size'], config['gradient_accumulation_steps']) == (1, 1024, 32)

@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT))
 import estimate_memory as em  # noqa: E402
 from checkpoint import save_checkpoint  # noqa: E402
 from configurator import ConfigError  # noqa: E402
+from model import CHUNK_ELEMENTS  # noqa: E402
 
 GIB = 2 ** 30
 PRESETS_12GB = sorted((ROOT / 'config').glob('*12gb*.py'))
@@ -83,6 +84,29 @@ def test_ddp_adds_a_copy_of_the_gradients(tiny):
     assert ddp['peak_bytes'] - single['peak_bytes'] == ddp['breakdown']['ddp_gradient_buckets']
 
 
+def test_zero1_and_fsdp_split_the_per_rank_state_over_the_ranks(tiny):
+    """Rank 0's share, traced through the real sharding code over a stand-in process group."""
+    tiny = {**tiny, 'gradient_accumulation_steps': 4, 'n_layer': 4}  # FSDP gathers a block or two at a time
+    params = sum(p.numel() for p in em.build(tiny, False)[0].parameters())
+    single = em.trace(tiny, evaluate=False)['train']
+    for parallelism in ('zero1', 'fsdp'):
+        peaks, weights = [], []
+        for world_size in (2, 4):
+            result = em.trace({**tiny, 'world_size': world_size, 'parallelism': parallelism}, evaluate=False)
+            breakdown = result['train']['breakdown']
+            assert result['parallelism'] == parallelism
+            # AdamW's two fp32 moments: rank 0 holds about its 1/world_size share, a tensor or a row more at most
+            assert 8 * params / world_size <= breakdown['optimizer_state'] < 8 * params / world_size * 1.5
+            if parallelism == 'fsdp':  # no DDP bucket copy of the gradients
+                assert breakdown['ddp_gradient_buckets'] == 0
+            peaks.append(result['train']['peak_bytes'])
+            weights.append(breakdown['parameters'])
+        assert peaks[1] < peaks[0]
+        if parallelism == 'fsdp':  # shards plus the blocks gathered at the peak
+            assert weights[1] < weights[0] and weights[1] < 4 * params
+            assert peaks[0] < single['peak_bytes']
+
+
 def test_activation_checkpointing_lowers_the_traced_activations(tiny):
     tiny = {**tiny, 'n_layer': 4, 'batch_size': 8}  # enough blocks that their saved activations dominate
     plain, checkpointed = (em.trace({**tiny, 'activation_checkpointing': on}, evaluate=False)['train']
@@ -120,7 +144,9 @@ def test_naive_loss_at_batch_64_builds_the_full_logits_and_chunked_does_not():
     # so nothing of the (65536, 50304) logits beyond a chunk
     assert max(a['bytes'] for a in chunked['largest_loss_path_allocations']) <= 65536 * 768 * 4
     assert chunked['largest_allocations'][0]['bytes'] < GIB // 2  # an MLP activation
-    assert chunked['breakdown']['loss_path'] < GIB // 2
+    # its gradients, plus a few chunk-sized fp32 temporaries (logits, their exp, their gradient)
+    gradients = (65536 + 50304) * 768 * 4
+    assert chunked['breakdown']['loss_path'] < gradients + 3 * CHUNK_ELEMENTS * 4
     assert naive['peak_bytes'] > chunked['peak_bytes'] + 30 * GIB
 
 

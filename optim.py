@@ -1,0 +1,281 @@
+"""
+The optimizer, chosen by train.py's `optim` key, and the optional step fused into backward (`optimizer_in_backward`).
+
+Finetuning memory is dominated by the weights' training state, not by activations: fp32 weights, their gradients and
+AdamW's two fp32 moments take 16 bytes a parameter. Two levers here cut it:
+- the moments' storage (`optim`): 'adamw' keeps them in fp32 (8 bytes a parameter), 'adamw_bf16' in bf16 (4 bytes),
+  'adamw_8bit' in torchao's block-wise 8-bit format (~2 bytes);
+- the gradients' lifetime (`optimizer_in_backward=True`): each parameter is updated, and its gradient freed, as soon
+  as backward has produced it, so the gradients of the whole model never exist at once (4 bytes a parameter less,
+  all but one tensor's worth).
+All variants compute the AdamW update in fp32 (decoupled weight decay, bias correction, as torch.optim.AdamW).
+"""
+import inspect
+import math
+
+import torch
+
+from configurator import ConfigError
+
+OPTIMS = ('adamw', 'adamw_bf16', 'adamw_8bit')
+
+
+def require(optim):
+    """Check that `optim` is known and its library imports; ConfigError otherwise. Importing torchao here, before a
+    checkpoint is loaded, also registers its 8-bit state class with torch.load(weights_only=True)."""
+    if optim not in OPTIMS:
+        raise ConfigError(f"unknown optim {optim!r}: use one of {', '.join(OPTIMS)}")
+    if optim == 'adamw_8bit':
+        try:
+            import torchao.optim  # noqa: F401  imported only when selected: an optional dependency
+        except ImportError as e:
+            raise ConfigError(f"optim='adamw_8bit' needs torchao ({e}): pip install torchao, or use "
+                              f"--optim=adamw_bf16") from None
+
+
+def check_config(config, world_size):
+    """ConfigError, one line naming the key, the value and the fix, for an `optim` that cannot run here or an
+    optimizer_in_backward=True combined with what it cannot honour (see OptimizerInBackward)."""
+    require(config['optim'])
+    if not config['optimizer_in_backward']:
+        return
+    accumulation = config['gradient_accumulation_steps']
+    if accumulation != 1:
+        raise ConfigError(f'optimizer_in_backward=True steps during each backward, so it cannot accumulate '
+                          f'gradient_accumulation_steps={accumulation} micro-batches: use '
+                          f'--gradient_accumulation_steps=1 (a larger --batch_size keeps the tokens per step) or '
+                          f'--optimizer_in_backward=False')
+    if config['grad_clip'] != 0.0:
+        raise ConfigError(f"optimizer_in_backward=True cannot clip by the global norm (grad_clip={config['grad_clip']}"
+                          f"): no norm exists until every gradient does; use --grad_clip=0.0 or "
+                          f"--optimizer_in_backward=False")
+    if config['dtype'] == 'float16':
+        raise ConfigError("optimizer_in_backward=True with dtype='float16' would step before GradScaler unscales the "
+                          "gradients and skips overflowing steps: use --dtype=bfloat16 or float32, or "
+                          "--optimizer_in_backward=False")
+    if world_size != 1:
+        raise ConfigError(f'optimizer_in_backward=True runs in one process: with {world_size} processes each would '
+                          f'step before the gradients are averaged across them; use one process or '
+                          f'--optimizer_in_backward=False')
+    if config.get('auto_batch_size'):
+        raise ConfigError('optimizer_in_backward=True with auto_batch_size=True: the batch search may pick '
+                          'gradient_accumulation_steps > 1; set --batch_size yourself or --auto_batch_size=False')
+
+
+def describe(optim, optimizer_in_backward=False):
+    """A few words for estimate_memory.py's report."""
+    text = {'adamw': 'fused AdamW', 'adamw_bf16': 'AdamW with bf16 moments', 'adamw_8bit': "torchao's 8-bit AdamW"}
+    return text[optim] + (' stepped in backward' if optimizer_in_backward else '')
+
+
+def optimizer_class(optim, device_type):
+    """(class, extra keyword arguments) of the optimizer `optim`. model.configure_optimizers builds it with one call,
+    optimizer_class(optim_groups, lr=learning_rate, betas=betas, **extra_args), so that a wrapper such as
+    ZeroRedundancyOptimizer can take the same class and arguments."""
+    require(optim)
+    if optim == 'adamw_bf16':
+        return AdamWBF16, {}
+    if optim == 'adamw_8bit':
+        return _torchao_adamw8bit(), {}
+    # torch's AdamW, fused into one kernel on CUDA (nanoGPT's choice)
+    use_fused = 'fused' in inspect.signature(torch.optim.AdamW).parameters and device_type == 'cuda'
+    return torch.optim.AdamW, (dict(fused=True) if use_fused else {})
+
+
+# Elements updated at once by the non-fused steps below: their temporaries (about 16 bytes an element for
+# adamw_bf16, 40 for torchao's eager 8-bit step) stay within a few tens of MiB even for GPT-2's (50257, 1600)
+# embedding; a multiple of torchao's 8-bit block of 256.
+CHUNK_ELEMENTS = 2 ** 20
+
+
+def _chunks(*tensors):
+    """Matching flat slices (views) of tensors of one shape, CHUNK_ELEMENTS elements at a time."""
+    flat = [t.reshape(-1) for t in tensors]  # views: parameters, gradients and states are contiguous
+    for start in range(0, flat[0].numel(), CHUNK_ELEMENTS):
+        yield [t[start:start + CHUNK_ELEMENTS] for t in flat]
+
+
+def _store_bf16_stochastic(dst, x):
+    """dst (bf16) = x (fp32, overwritten) rounded up or down at random, in proportion to the distance, so that the
+    expected value is x. Round-to-nearest would drop every update smaller than half a bf16 step (1/512 relative):
+    a second moment with beta2 = 0.99 or more could stop decaying. The noise comes from torch's RNG, which
+    train.py's checkpoints save, so resumed runs repeat."""
+    bits = x.view(torch.int32)
+    bits.add_(torch.randint_like(bits, 0, 1 << 16)).bitwise_and_(-65536)  # low 16 bits cleared: the cast is exact
+    dst.copy_(x)
+
+
+class AdamWBF16(torch.optim.Optimizer):
+    """AdamW whose two moments are stored in bf16 (4 bytes a parameter instead of 8), with fp32 arithmetic: each
+    step reads a slice of a parameter's moments as fp32, updates them and the parameter in fp32 (as torch's AdamW),
+    and stores the moments back with stochastic rounding. Slice by slice, so the fp32 temporaries stay small (a
+    foreach version would hold fp32 copies of all the moments at once, the memory this optimizer exists to save)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps, weight_decay = group['lr'], group['betas'], group['eps'], group['weight_decay']
+            for p in group['params']:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state['step'] = torch.tensor(0.0)
+                    state['exp_avg'] = torch.zeros_like(p, dtype=torch.bfloat16, memory_format=torch.preserve_format)
+                    state['exp_avg_sq'] = torch.zeros_like(state['exp_avg'])
+                state['step'] += 1
+                step = state['step'].item()
+                bias_correction1, bias_correction2 = 1 - beta1 ** step, 1 - beta2 ** step
+                for param, grad, m, v in _chunks(p, p.grad, state['exp_avg'], state['exp_avg_sq']):
+                    grad = grad.float()
+                    exp_avg = m.float().lerp_(grad, 1 - beta1)
+                    exp_avg_sq = v.float().mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                    param.mul_(1 - lr * weight_decay)
+                    denom = exp_avg_sq.sqrt().div_(math.sqrt(bias_correction2)).add_(eps)
+                    param.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
+                    del denom
+                    _store_bf16_stochastic(m, exp_avg)
+                    _store_bf16_stochastic(v, exp_avg_sq)
+        return loss
+
+
+def warm_up(optim):
+    """What `optim` computes once on real tensors: torchao's 8-bit code maps (lists of floats, cached), which cannot
+    be computed under estimate_memory.py's FakeTensorMode."""
+    if optim == 'adamw_8bit':
+        from torchao.optim.subclass_8bit import get_qmap_signed, get_qmap_unsigned
+        get_qmap_signed(), get_qmap_unsigned()
+
+
+def _torchao_adamw8bit():
+    """torchao.optim.AdamW8bit (moments in 8 bits with one fp32 scale per block of 256; tensors under 4096 elements
+    stay fp32), with two adaptations to train.py: the learning rate may be set as a float (torchao wants a tensor),
+    and off CUDA the update runs eagerly, slice by slice: torchao compiles it for each parameter shape, minutes on a
+    CPU, and compiled code cannot be traced by estimate_memory.py. The update is torchao's own single_param_adam."""
+    from torchao.optim import AdamW8bit
+    from torchao.optim.adam import single_param_adam
+
+    class TorchaoAdamW8bit(AdamW8bit):
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:  # train.py assigns the scheduled lr as a float
+                if not isinstance(group['lr'], torch.Tensor):
+                    group['lr'] = torch.tensor(group['lr'], dtype=torch.float32)
+            params = [p for group in self.param_groups for p in group['params'] if p.grad is not None]
+            if all(p.device.type == 'cuda' for p in params):
+                return super().step(closure)
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            for group in self.param_groups:  # torchao's step, eager
+                for p in group['params']:
+                    if p.grad is None:
+                        continue
+                    state = self.state[p]
+                    if not state:
+                        state['step'] = torch.tensor(0.0)
+                        state['exp_avg'] = self._new_buffer(p, True)
+                        state['exp_avg_sq'] = self._new_buffer(p, False)
+                    state['step'] += 1
+                    for param, grad, m, v in _chunks(p.detach(), p.grad, state['exp_avg'], state['exp_avg_sq']):
+                        single_param_adam(param, grad, state['step'], m, v, None, group['lr'], group['betas'][0],
+                                          group['betas'][1], group['weight_decay'], group['eps'], True, False)
+            return loss
+
+    return TorchaoAdamW8bit
+
+
+def state_tensors(optimizer):
+    """The plain tensors holding `optimizer`'s state: torchao's 8-bit state is a tensor subclass whose memory is in
+    its inner tensors (codes, scales, code map), which are returned instead."""
+    tensors = []
+    optimizer = getattr(optimizer, 'optim', optimizer)  # ZeroRedundancyOptimizer (zero1): this rank's optimizer
+    for state in optimizer.state.values():
+        for t in state.values():
+            if hasattr(t, '_local_tensor'):  # an FSDP-sharded moment (DTensor): the tracer finds its shard
+                tensors.append(t)
+            elif hasattr(t, '__tensor_flatten__'):
+                tensors += [getattr(t, name) for name in t.__tensor_flatten__()[0]]
+            elif isinstance(t, torch.Tensor):
+                tensors.append(t)
+    return tensors
+
+
+class OptimizerInBackward:
+    """The optimizer's step fused into backward: one optimizer of the same class and hyperparameters per parameter,
+    run by a post-accumulate-grad hook as soon as backward has finished that parameter's gradient, which is then
+    freed. The update is the same as the standard loop's; only the gradients' lifetime changes. It cannot honour
+    gradient accumulation (the step would come after the first micro-batch), clipping by the global norm (no norm
+    exists until every gradient does), GradScaler's fp16 loss scaling (it unscales and skips steps after backward)
+    or DDP (the hook fires before the gradients are all-reduced): train.py refuses those. Under torch.compile the
+    compiled backward returns its gradients together, which can take back much of the saving: use compile=False.
+
+    It stands in for the optimizer in train.py's loop: `param_groups` lists every parameter's group (setting 'lr'
+    there schedules the learning rate), step() updates only parameters whose gradient backward did not consume
+    (none in training), zero_grad() frees any left, and state_dict() is nanoGPT-shaped: the state dict of the single
+    optimizer over configure_optimizers' two groups, so checkpoints load either way."""
+
+    def __init__(self, optimizer):
+        self.groups = []  # configure_optimizers' groups: (hyperparameters, parameters)
+        self.optimizers = {}  # parameter -> its own optimizer
+        for group in optimizer.param_groups:
+            options = {k: (float(v) if k == 'lr' else v) for k, v in group.items() if k != 'params'}
+            self.groups.append((options, list(group['params'])))
+            for p in group['params']:
+                self.optimizers[p] = type(optimizer)([{**options, 'params': [p]}], lr=options['lr'])
+                p.register_post_accumulate_grad_hook(self._step)
+
+    def _step(self, p):
+        self.optimizers[p].step()
+        p.grad = None
+
+    @property
+    def param_groups(self):
+        return [group for opt in self.optimizers.values() for group in opt.param_groups]
+
+    @property
+    def state(self):
+        return {p: opt.state[p] for p, opt in self.optimizers.items() if p in opt.state}
+
+    def step(self, closure=None):
+        assert closure is None, 'optimizer_in_backward steps in backward: no closure'
+        for p, opt in self.optimizers.items():
+            if p.grad is not None:
+                opt.step()
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.optimizers:
+            p.grad = None
+
+    def state_dict(self):
+        """{'state': {index: state}, 'param_groups': [group with 'params': [indices]]}, indices counting the
+        parameters through configure_optimizers' groups in order, as torch.optim.Optimizer.state_dict does."""
+        state, param_groups, index = {}, [], 0
+        for options, params in self.groups:
+            for offset, p in enumerate(params):
+                saved = self.optimizers[p].state_dict()
+                if saved['state']:
+                    state[index + offset] = saved['state'][0]
+            first = self.optimizers[params[0]].state_dict()['param_groups'][0] if params else dict(options)
+            param_groups.append({**{k: v for k, v in first.items() if k != 'params'},
+                                 'params': list(range(index, index + len(params)))})
+            index += len(params)
+        return {'state': state, 'param_groups': param_groups}
+
+    def load_state_dict(self, state_dict):
+        saved_groups = state_dict['param_groups']
+        if [len(g['params']) for g in saved_groups] != [len(params) for _, params in self.groups]:
+            raise ValueError("loaded state dict's parameter groups do not match the model's")
+        for (_, params), saved in zip(self.groups, saved_groups):
+            options = {k: v for k, v in saved.items() if k != 'params'}
+            for p, index in zip(params, saved['params']):
+                own = {0: state_dict['state'][index]} if index in state_dict['state'] else {}
+                self.optimizers[p].load_state_dict({'state': own, 'param_groups': [{**options, 'params': [0]}]})

@@ -1,0 +1,177 @@
+"""optim.py: the optimizer step fused into backward gives the standard loop's parameters; AdamW with bf16 moments and
+torchao's 8-bit AdamW train a tiny GPT like AdamW with the state they promise; estimate_memory.py shows each lever;
+train.py refuses what optimizer_in_backward cannot honour, and trains and resumes exactly with each lever."""
+import importlib.util
+import pickle
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY_ARGS, logged_losses, run_script
+
+sys.path.insert(0, str(ROOT))
+import estimate_memory as em  # noqa: E402
+import optim  # noqa: E402
+from configurator import ConfigError  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+needs_torchao = pytest.mark.skipif(importlib.util.find_spec('torchao') is None,
+                                   reason='adamw_8bit needs torchao: pip install -r requirements-dev.txt')
+LOW_MEMORY = ['adamw_bf16', pytest.param('adamw_8bit', marks=needs_torchao)]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One thread, as conftest's subprocesses: two threads on the shared two cores can be a hundred times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_gpt(optim_name='adamw', in_backward=False, lr=1e-2):
+    """A 2-layer GPT whose weight matrices all have >= 4096 elements (torchao quantizes those), and its optimizer."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=96, bias=False, dropout=0.0))
+    optimizer = model.configure_optimizers(0.1, lr, (0.9, 0.95), 'cpu', optim=optim_name)
+    return model, optim.OptimizerInBackward(optimizer) if in_backward else optimizer
+
+
+def train_steps(model, optimizer, steps, lr=1e-2):
+    """train.py's step (no accumulation, no clipping) on one fixed batch, with a changing learning rate."""
+    generator = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(96, (4, 16), generator=generator) for _ in range(2))
+    losses = []
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group['lr'] = lr * (step + 1) / steps
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def test_in_backward_step_gives_the_standard_loops_parameters():
+    standard_model, standard = tiny_gpt()
+    fused_model, fused = tiny_gpt(in_backward=True)
+    assert train_steps(standard_model, standard, 4) == train_steps(fused_model, fused, 4)
+    for a, b in zip(standard_model.parameters(), fused_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+    # the checkpoint's optimizer state has the standard optimizer's layout and values, and loads either way
+    saved, expected = fused.state_dict(), standard.state_dict()
+    assert [g['params'] for g in saved['param_groups']] == [g['params'] for g in expected['param_groups']]
+    assert saved['state'].keys() == expected['state'].keys()
+    for index, state in expected['state'].items():
+        for key, value in state.items():
+            torch.testing.assert_close(saved['state'][index][key], value, rtol=0, atol=1e-7)
+    tiny_gpt()[1].load_state_dict(saved)
+    tiny_gpt(in_backward=True)[1].load_state_dict(expected)
+
+
+def moment_bytes(optimizer):
+    return sum(t.nbytes for t in optim.state_tensors(optimizer) if t.dim() > 0)  # not the scalar step counters
+
+
+@pytest.mark.parametrize('optim_name', LOW_MEMORY)
+def test_low_memory_optimizers_train_like_adamw_with_smaller_state(optim_name):
+    adamw_model, adamw = tiny_gpt()
+    model, optimizer = tiny_gpt(optim_name)
+    reference, losses = train_steps(adamw_model, adamw, 20), train_steps(model, optimizer, 20)
+    assert losses[-1] < 0.5 * losses[0]
+    assert losses[-1] == pytest.approx(reference[-1], rel=0.1, abs=0.05)
+    params = list(model.parameters())
+    if optim_name == 'adamw_bf16':  # both moments in 2 bytes instead of 4
+        assert moment_bytes(optimizer) * 2 == moment_bytes(adamw)
+    else:  # quantized tensors: 1 byte an element, a fp32 scale per block of 256 and a 256-entry fp32 code map
+        quantized = [p.numel() for p in params if p.numel() >= 4096 and p.numel() % 256 == 0]
+        small = [p.numel() for p in params if not (p.numel() >= 4096 and p.numel() % 256 == 0)]
+        assert moment_bytes(optimizer) == sum(2 * (n + 4 * n // 256 + 4 * 256) for n in quantized) + 8 * sum(small)
+        assert moment_bytes(optimizer) < 0.3 * moment_bytes(adamw)
+
+
+@pytest.fixture
+def weighty(tmp_path):
+    """An estimator config whose memory is mostly the weights' training state, as in finetuning."""
+    (tmp_path / 'tiny').mkdir()
+    with open(tmp_path / 'tiny' / 'meta.pkl', 'wb') as f:
+        pickle.dump({'vocab_size': 256}, f)
+    return {**em.estimator_defaults(), 'data_dir': str(tmp_path), 'dataset': 'tiny', 'init_from': 'scratch',
+            'n_layer': 2, 'n_head': 4, 'n_embd': 256, 'block_size': 32, 'bias': False, 'dropout': 0.0,
+            'batch_size': 1, 'gradient_accumulation_steps': 1, 'eval_batch_size': 0, 'grad_clip': 0.0,
+            'dtype': 'float32', 'activation_checkpointing': False}
+
+
+@needs_torchao
+def test_estimator_reflects_each_lever(weighty, monkeypatch):
+    # the non-fused steps' temporaries are one chunk's: small chunks keep them small beside this model's state
+    monkeypatch.setattr(optim, 'CHUNK_ELEMENTS', 2 ** 14)
+    def traced(**overrides):
+        return em.trace({**weighty, **overrides}, evaluate=False)['train']
+    adamw, bf16, int8 = (traced(optim=name) for name in ('adamw', 'adamw_bf16', 'adamw_8bit'))
+    state = adamw['breakdown']['optimizer_state']
+    assert bf16['breakdown']['optimizer_state'] == pytest.approx(state / 2, rel=0.01)
+    assert int8['breakdown']['optimizer_state'] < 0.3 * state
+    assert adamw['peak_bytes'] > bf16['peak_bytes'] > int8['peak_bytes']
+    # in backward: the gradients of all parameters never exist at once
+    fused = traced(optimizer_in_backward=True)
+    assert fused['breakdown']['gradients'] < adamw['breakdown']['gradients'] / 4
+    assert fused['peak_bytes'] < adamw['peak_bytes'] - adamw['breakdown']['gradients'] / 2
+    with pytest.raises(ConfigError, match='gradient_accumulation_steps=2'):
+        em.trace({**weighty, 'optimizer_in_backward': True, 'gradient_accumulation_steps': 2})
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'gradient_accumulation_steps': 2}, '--gradient_accumulation_steps=1'),
+    ({'grad_clip': 1.0}, '--grad_clip=0.0'),
+    ({'dtype': 'float16'}, '--dtype=bfloat16'),
+    ({'world_size': 2}, 'one process'),
+    ({'auto_batch_size': True}, 'auto_batch_size'),
+    ({'optim': 'adam8', 'optimizer_in_backward': False}, "unknown optim 'adam8'"),
+])
+def test_check_config_names_the_conflict(overrides, message):
+    config = {'optim': 'adamw', 'optimizer_in_backward': True, 'gradient_accumulation_steps': 1, 'grad_clip': 0.0,
+              'dtype': 'float32', 'auto_batch_size': False, **overrides}
+    with pytest.raises(ConfigError, match=message):
+        optim.check_config(config, config.pop('world_size', 1))
+
+
+def test_missing_torchao_names_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, 'torchao.optim', None)  # import torchao.optim raises ImportError
+    with pytest.raises(ConfigError, match='pip install torchao'):
+        optim.require('adamw_8bit')
+
+
+def train(data_dir, out_dir, *args):
+    return run_script('train.py', *TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args)
+
+
+@pytest.mark.parametrize('args, key', [
+    (['--optimizer_in_backward=True', '--grad_clip=0', '--gradient_accumulation_steps=2'],
+     'gradient_accumulation_steps=2'),
+    (['--optimizer_in_backward=True'], 'grad_clip=1.0'),
+])
+def test_train_refuses_what_in_backward_cannot_honour(data_dir, tmp_path, args, key):
+    result = train(data_dir, tmp_path / 'out', '--max_iters=2', *args)
+    assert result.returncode == 2 and not (tmp_path / 'out').exists()
+    [error] = result.stderr.strip().splitlines()
+    assert error.startswith('error: optimizer_in_backward=True') and key in error
+
+
+@pytest.mark.parametrize('levers', [['--optim=adamw_bf16', '--optimizer_in_backward=True', '--grad_clip=0'],
+                                    pytest.param(['--optim=adamw_8bit'], marks=needs_torchao)])
+def test_train_and_resume_with_each_lever(data_dir, tmp_path, levers):
+    """The checkpoint at iter 6 is written before iter 6's step: the resumed run's iter 6 repeats it exactly."""
+    out = tmp_path / 'out'
+    first = train(data_dir, out, '--max_iters=6', '--eval_interval=3', *levers)
+    assert first.returncode == 0, first.stderr
+    losses = logged_losses(first.stdout)
+    assert losses[6] < losses[0]
+    resumed = train(data_dir, out, '--max_iters=6', '--eval_interval=3', '--init_from=resume', *levers)
+    assert resumed.returncode == 0, resumed.stderr
+    assert logged_losses(resumed.stdout) == {6: losses[6]}
+    if '--optimizer_in_backward=True' in levers:  # resuming with the other optimizer is refused by name
+        other = train(data_dir, out, '--max_iters=6', '--init_from=resume', '--optim=adamw', *levers[1:])
+        assert other.returncode == 2 and "--optim=adamw_bf16" in other.stderr.strip().splitlines()[-1]
