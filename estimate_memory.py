@@ -157,17 +157,22 @@ class MemoryTracer(TorchDispatchMode):
         if is_traceable_wrapper_subclass(tensor) and not hasattr(tensor, '_local_tensor'):
             return  # e.g. torchao's 8-bit optimizer state: its memory is its inner tensors', tracked when created
         storage = local_storage(tensor)
-        key = id(storage)
-        if key in self.live:
+        if id(storage) in self.live:
             return
-        size = -(-storage.nbytes() // self.alignment) * self.alignment
         category = self._category()
+        size = self._count(storage, storage.nbytes(), category)
+        allocation = (tuple(tensor.shape), str(tensor.dtype).removeprefix('torch.'), category)
+        self.allocations[allocation] = max(size, self.allocations.get(allocation, 0))
+
+    def _count(self, storage, nbytes, category):
+        """Count `storage` as live, `nbytes` rounded up to the alignment, until it dies. Returns the rounded size."""
+        key = id(storage)
+        size = -(-nbytes // self.alignment) * self.alignment
         self.live[key] = [size, category]
         self.by_category[category] += size
         self.current += size
         weakref.finalize(storage, self._free, key)
-        allocation = (tuple(tensor.shape), str(tensor.dtype).removeprefix('torch.'), category)
-        self.allocations[allocation] = max(size, self.allocations.get(allocation, 0))
+        return size
 
     def _free(self, key):
         if key not in self.live:  # already freed by a resize to 0 (see _resized)
@@ -200,11 +205,7 @@ class MemoryTracer(TorchDispatchMode):
         if key in self.live:
             self._free(key)
         if nbytes:
-            size = -(-nbytes // self.alignment) * self.alignment
-            self.live[key] = [size, 'parameters']
-            self.by_category['parameters'] += size
-            self.current += size
-            weakref.finalize(storage, self._free, key)
+            self._count(storage, nbytes, 'parameters')
             self._update_peak()
 
     def _update_peak(self):

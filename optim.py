@@ -105,6 +105,29 @@ def _store_bf16_stochastic(dst, x):
     dst.copy_(x)
 
 
+def _closure_loss(closure):
+    """What torch's optimizers do with step's closure: the loss it returns, computed with gradients enabled."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
+def _params_to_step(optimizer, new_moments):
+    """(group, parameter, state) for each of `optimizer`'s parameters that has a gradient, its state created on first
+    use (a step counter and the moments exp_avg, exp_avg_sq = new_moments(parameter)) and its step counted."""
+    for group in optimizer.param_groups:
+        for p in group['params']:
+            if p.grad is None:
+                continue
+            state = optimizer.state[p]
+            if not state:
+                state['step'] = torch.tensor(0.0)
+                state['exp_avg'], state['exp_avg_sq'] = new_moments(p)
+            state['step'] += 1
+            yield group, p, state
+
+
 class AdamWBF16(torch.optim.Optimizer):
     """AdamW whose two moments are stored in bf16 (4 bytes a parameter instead of 8), with fp32 arithmetic: each
     step reads a slice of a parameter's moments as fp32, updates them and the parameter in fp32 (as torch's AdamW),
@@ -116,33 +139,25 @@ class AdamWBF16(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
+        def new_moments(p):
+            exp_avg = torch.zeros_like(p, dtype=torch.bfloat16, memory_format=torch.preserve_format)
+            return exp_avg, torch.zeros_like(exp_avg)
+
+        loss = _closure_loss(closure)
+        for group, p, state in _params_to_step(self, new_moments):
             lr, (beta1, beta2), eps, weight_decay = group['lr'], group['betas'], group['eps'], group['weight_decay']
-            for p in group['params']:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state['step'] = torch.tensor(0.0)
-                    state['exp_avg'] = torch.zeros_like(p, dtype=torch.bfloat16, memory_format=torch.preserve_format)
-                    state['exp_avg_sq'] = torch.zeros_like(state['exp_avg'])
-                state['step'] += 1
-                step = state['step'].item()
-                bias_correction1, bias_correction2 = 1 - beta1 ** step, 1 - beta2 ** step
-                for param, grad, m, v in _chunks(p, p.grad, state['exp_avg'], state['exp_avg_sq']):
-                    grad = grad.float()
-                    exp_avg = m.float().lerp_(grad, 1 - beta1)
-                    exp_avg_sq = v.float().mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                    param.mul_(1 - lr * weight_decay)
-                    denom = exp_avg_sq.sqrt().div_(math.sqrt(bias_correction2)).add_(eps)
-                    param.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
-                    del denom
-                    _store_bf16_stochastic(m, exp_avg)
-                    _store_bf16_stochastic(v, exp_avg_sq)
+            step = state['step'].item()
+            bias_correction1, bias_correction2 = 1 - beta1 ** step, 1 - beta2 ** step
+            for param, grad, m, v in _chunks(p, p.grad, state['exp_avg'], state['exp_avg_sq']):
+                grad = grad.float()
+                exp_avg = m.float().lerp_(grad, 1 - beta1)
+                exp_avg_sq = v.float().mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                param.mul_(1 - lr * weight_decay)
+                denom = exp_avg_sq.sqrt().div_(math.sqrt(bias_correction2)).add_(eps)
+                param.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
+                del denom
+                _store_bf16_stochastic(m, exp_avg)
+                _store_bf16_stochastic(v, exp_avg_sq)
         return loss
 
 
@@ -171,23 +186,14 @@ def _torchao_adamw8bit():
             params = [p for group in self.param_groups for p in group['params'] if p.grad is not None]
             if all(p.device.type == 'cuda' for p in params):
                 return super().step(closure)
-            loss = None
-            if closure is not None:
-                with torch.enable_grad():
-                    loss = closure()
-            for group in self.param_groups:  # torchao's step, eager
-                for p in group['params']:
-                    if p.grad is None:
-                        continue
-                    state = self.state[p]
-                    if not state:
-                        state['step'] = torch.tensor(0.0)
-                        state['exp_avg'] = self._new_buffer(p, True)
-                        state['exp_avg_sq'] = self._new_buffer(p, False)
-                    state['step'] += 1
-                    for param, grad, m, v in _chunks(p.detach(), p.grad, state['exp_avg'], state['exp_avg_sq']):
-                        single_param_adam(param, grad, state['step'], m, v, None, group['lr'], group['betas'][0],
-                                          group['betas'][1], group['weight_decay'], group['eps'], True, False)
+            def new_moments(p):  # torchao's 8-bit buffers: signed for exp_avg, unsigned for exp_avg_sq
+                return self._new_buffer(p, True), self._new_buffer(p, False)
+
+            loss = _closure_loss(closure)
+            for group, p, state in _params_to_step(self, new_moments):  # torchao's step, eager
+                for param, grad, m, v in _chunks(p.detach(), p.grad, state['exp_avg'], state['exp_avg_sq']):
+                    single_param_adam(param, grad, state['step'], m, v, None, group['lr'], group['betas'][0],
+                                      group['betas'][1], group['weight_decay'], group['eps'], True, False)
             return loss
 
     return TorchaoAdamW8bit
