@@ -27,12 +27,12 @@ import optim as optim_lib
 # -----------------------------------------------------------------------------
 # chunked, fused linear + cross-entropy
 
-# Elements of one chunk's logits (chunk rows x vocab). 25 * 2**20 fp32 elements are 100 MiB: with GPT-2's
-# 50304-token vocabulary that is 512 rows a chunk. `python bench.py --mode=loss` measured 512 rows clearly faster
-# than 160 (fewer, larger matmuls: 0.79x vs 1.11x the naive loss's time at N=8192 on a 2-core CPU) while the loss
-# path's temporaries beyond its gradients (about two chunk-sized fp32 tensors, logits and logsumexp's) stay near
-# 200 MiB whatever the batch. Small vocabularies get one chunk: nothing to save there.
-CHUNK_ELEMENTS = 25 * 2 ** 20
+# Elements of the one fp32 buffer that holds a chunk's logits (chunk rows x vocab): 19 * 2**20 elements, 76 MiB.
+# With GPT-2's 50304-token vocabulary that is 384 rows a chunk, so at batch 8 x block 1024 the whole loss path,
+# its gradients (V x d and N x d fp32) included, peaks under 256 MiB; the chunk's share stays the same at any batch.
+# Chunks of 384 to 512 rows ran the matmuls about as fast as the naive path's full-size ones on a 2-core CPU
+# (`python bench.py --mode=loss --chunk_size=256,384,512`); 256 rows was slower. Small vocabularies get one chunk.
+CHUNK_ELEMENTS = 19 * 2 ** 20
 
 def default_chunk_size(vocab_size):
     rows = max(1, CHUNK_ELEMENTS // vocab_size)
@@ -50,38 +50,55 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
     """Mean cross-entropy of (hidden @ weight.T) against targets, chunk by chunk over the rows.
     With gradients asked for, they are computed in the same pass: d loss / d logits = (softmax - onehot) / n_valid
     for each chunk, then grad_hidden = g @ W and grad_weight += g.T @ h, so the total work is the three N*d*V
-    matmuls of the naive path and nothing is recomputed. The weight gradient accumulates in fp32."""
+    matmuls of the naive path and nothing is recomputed. The weight gradient accumulates in fp32.
+
+    Each chunk's logits live in one fp32 buffer, allocated once and overwritten in place (log-softmax, then
+    softmax - onehot), so a chunk costs a single (chunk_size, V) tensor and no fresh allocation. The 1 / n_valid
+    factor and the ignored rows' zeros are applied to the small (rows, d) operands, never to the (rows, V) chunk."""
     w = weight.to(compute_dtype)  # the matmuls run in the compute dtype; casts are explicit, so autocast changes nothing
     acc_dtype = torch.promote_types(compute_dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
-    valid = targets != ignore_index
+    n_rows = hidden.shape[0]
+    valid = (targets != ignore_index).unsqueeze(1)
     # dividing by at least 1 makes an all-ignored batch give loss 0 and zero gradients, not 0/0 = NaN
     inv_count = 1.0 / valid.sum().clamp(min=1).to(acc_dtype)
-    safe_targets = torch.where(valid, targets, torch.zeros_like(targets)).unsqueeze(1)
+    safe_targets = torch.where(valid, targets.unsqueeze(1), 0)
     loss_sum = torch.zeros((), dtype=acc_dtype, device=hidden.device)
     grad_hidden = torch.empty_like(hidden) if need_hidden_grad else None
     grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if need_weight_grad else None
-    for start in range(0, hidden.shape[0], chunk_size):
+    chunk_buffer = torch.empty(min(chunk_size, n_rows), weight.shape[0], dtype=acc_dtype, device=hidden.device)
+    for start in range(0, n_rows, chunk_size):
         rows = slice(start, start + chunk_size)
         h = hidden[rows].to(compute_dtype)
-        logits = (h @ w.t()).to(acc_dtype)  # logsumexp in fp32, as F.cross_entropy does
-        lse = torch.logsumexp(logits, dim=1)
-        target_logits = logits.gather(1, safe_targets[rows]).squeeze(1)
-        loss_sum += torch.where(valid[rows], lse - target_logits, 0.0).sum()
+        logp = chunk_buffer[:h.shape[0]]
+        if compute_dtype == acc_dtype:
+            torch.mm(h, w.t(), out=logp)
+        else:
+            logp.copy_(h @ w.t())  # log-softmax in fp32, as F.cross_entropy does
+        torch.log_softmax(logp, dim=1, out=logp)
+        loss_sum -= torch.where(valid[rows], logp.gather(1, safe_targets[rows]), 0.0).sum()
         if grad_hidden is None and grad_weight is None:
             continue
-        grad_logits = logits.sub_(lse.unsqueeze(1)).exp_()  # softmax, in place of the logits
-        grad_logits.scatter_add_(1, safe_targets[rows], torch.full_like(lse.unsqueeze(1), -1.0))
-        grad_logits.mul_((valid[rows] * inv_count).unsqueeze(1))
+        grad_logits = logp.exp_().scatter_add_(1, safe_targets[rows], torch.full_like(h[:, :1], -1.0, dtype=acc_dtype))
         g = grad_logits.to(compute_dtype)
-        del logits, grad_logits
         if grad_hidden is not None:
-            grad_hidden[rows] = g @ w
+            grad_hidden[rows] = (g @ w).mul_(valid[rows] * inv_count)
         if grad_weight is not None:
+            h_valid = h * valid[rows]  # ignored rows add nothing to the weight gradient
             if g.dtype == grad_weight.dtype:
-                grad_weight.addmm_(g.t(), h)  # accumulates in place: no (V, d) temporary
+                grad_weight.addmm_(g.t(), h_valid)  # accumulates in place: no (V, d) temporary
             else:
-                grad_weight.add_(g.t() @ h)  # low-precision matmul, fp32 accumulation
+                grad_weight.add_(g.t() @ h_valid)  # low-precision matmul, fp32 accumulation
+        del g
+    if grad_weight is not None:
+        grad_weight.mul_(inv_count)
     return loss_sum * inv_count, grad_hidden, grad_weight
+
+
+def _graph_is_kept():
+    """Whether the running backward keeps the graph (retain_graph=True), so saved tensors are needed again.
+    Private in torch; where it is missing, assume kept, the safe answer."""
+    keep_graph = getattr(torch._C._autograd, '_get_current_graph_task_keep_graph', None)
+    return keep_graph is None or keep_graph()
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -100,10 +117,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss):
         grad_hidden, grad_weight = ctx.saved_tensors
+        # Scaling the saved gradients in place spares a second copy of them (the weight gradient alone is V x d
+        # fp32), but only when no later backward through a retained graph needs them unscaled.
+        scale = torch.Tensor.mul if _graph_is_kept() else torch.Tensor.mul_
         if grad_hidden is not None:
-            grad_hidden = grad_hidden * grad_loss.to(grad_hidden.dtype)
+            grad_hidden = scale(grad_hidden, grad_loss.to(grad_hidden.dtype))
         if grad_weight is not None:
-            grad_weight = (grad_weight * grad_loss).to(ctx.weight_dtype)
+            grad_weight = scale(grad_weight, grad_loss).to(ctx.weight_dtype)
         return grad_hidden, grad_weight, None, None, None, None
 
 

@@ -2,6 +2,7 @@
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from model import GPT, GPTConfig, chunked_cross_entropy
 
@@ -69,14 +70,19 @@ def test_no_grad_computes_loss_only():
 
 
 class LargestAllocation(TorchDispatchMode):
+    """The most elements of any tensor created under it; results written into an argument (in place, out=) are
+    not new allocations and do not count."""
+
     def __init__(self):
         super().__init__()
         self.largest = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for o in (out if isinstance(out, (tuple, list)) else [out]):
-            if isinstance(o, torch.Tensor):
+        arguments = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        for o in tree_leaves(out):
+            if isinstance(o, torch.Tensor) and not any(o.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+                                                       for a in arguments):
                 self.largest = max(self.largest, o.numel())
         return out
 
@@ -86,6 +92,30 @@ def test_no_tensor_near_n_by_v_in_forward_and_backward():
     with LargestAllocation() as tracker:
         chunked_cross_entropy(h, w, t, chunk_size=256).backward()
     assert tracker.largest < 4096 * 4096 // 2
+
+
+def test_backward_scales_the_saved_gradients_in_place():
+    """No second copy of the (V, d) weight gradient in backward: the upstream factor is applied in place."""
+    h, w, t = make(n=512, d=32, v=4096)
+    loss = chunked_cross_entropy(h, w, t, chunk_size=64) / 4
+    with LargestAllocation() as tracker:
+        loss.backward()
+    assert tracker.largest < w.numel()
+    ref = loss_and_grads(naive, h, w, t)
+    torch.testing.assert_close(h.grad, ref[1] / 4)
+    torch.testing.assert_close(w.grad, ref[2] / 4)
+
+
+def test_retained_graph_gives_the_right_gradients_each_backward():
+    h, w, t = make()
+    ref = loss_and_grads(naive, h, w, t)
+    loss = chunked_cross_entropy(h, w, t, chunk_size=64)
+    for factor in (3.0, 5.0, 1.0):
+        grads = torch.autograd.grad(loss, (h, w), grad_outputs=torch.tensor(factor), retain_graph=True)
+        for ours, expected in zip(grads, ref[1:]):
+            torch.testing.assert_close(ours, expected * factor)
+    loss.backward()  # the last backward, graph freed: the in-place path
+    torch.testing.assert_close(w.grad, ref[2])
 
 
 def tiny_gpt(**kw):
