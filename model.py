@@ -33,6 +33,7 @@ import optim as optim_lib
 # Chunks of 384 to 512 rows ran the matmuls about as fast as the naive path's full-size ones on a 2-core CPU
 # (`python bench.py --mode=loss --chunk_size=256,384,512`); 256 rows was slower. Small vocabularies get one chunk.
 CHUNK_ELEMENTS = 19 * 2 ** 20
+VOCAB_BLOCK = 8192  # rows of the weight gradient a low-precision product covers at once (12 MiB in bf16 at d=768)
 
 def default_chunk_size(vocab_size):
     rows = max(1, CHUNK_ELEMENTS // vocab_size)
@@ -86,8 +87,10 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
             h_valid = h * valid[rows]  # ignored rows add nothing to the weight gradient
             if g.dtype == grad_weight.dtype:
                 grad_weight.addmm_(g.t(), h_valid)  # accumulates in place: no (V, d) temporary
-            else:
-                grad_weight.add_(g.t() @ h_valid)  # low-precision matmul, fp32 accumulation
+            else:  # low-precision matmuls, fp32 accumulation, in vocabulary blocks: a whole (V, d) product would be
+                for block in range(0, grad_weight.shape[0], VOCAB_BLOCK):  # another copy of the weight's size
+                    vocab = slice(block, block + VOCAB_BLOCK)
+                    grad_weight[vocab].add_(g[:, vocab].t() @ h_valid)
         del g
     if grad_weight is not None:
         grad_weight.mul_(inv_count)

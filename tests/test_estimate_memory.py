@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT))
 import estimate_memory as em  # noqa: E402
 from checkpoint import save_checkpoint  # noqa: E402
 from configurator import ConfigError  # noqa: E402
-from model import CHUNK_ELEMENTS  # noqa: E402
+from model import CHUNK_ELEMENTS, VOCAB_BLOCK  # noqa: E402
 
 GIB = 2 ** 30
 PRESETS_12GB = sorted((ROOT / 'config').glob('*12gb*.py'))
@@ -144,10 +144,10 @@ def test_naive_loss_at_batch_64_builds_the_full_logits_and_chunked_does_not():
     # so nothing of the (65536, 50304) logits beyond a chunk
     assert max(a['bytes'] for a in chunked['largest_loss_path_allocations']) <= 65536 * 768 * 4
     assert chunked['largest_allocations'][0]['bytes'] < GIB // 2  # an MLP activation
-    # its gradients; under bf16 autocast the bf16 copy of the weight and one bf16 (V, d) product on its way into the
+    # its gradients; under bf16 autocast the bf16 copy of the weight and a block of bf16 product on its way into the
     # fp32 weight gradient; one chunk's fp32 logits buffer and a bf16 chunk beside it; a few MiB of (rows, d) pieces
     gradients = (65536 + 50304) * 768 * 4
-    beyond_gradients = 2 * 50304 * 768 * 2 + CHUNK_ELEMENTS * (4 + 2) + 8 * 2 ** 20
+    beyond_gradients = (50304 + VOCAB_BLOCK) * 768 * 2 + CHUNK_ELEMENTS * (4 + 2) + 8 * 2 ** 20
     assert gradients < chunked['breakdown']['loss_path'] < gradients + beyond_gradients
     assert naive['peak_bytes'] > chunked['peak_bytes'] + 30 * GIB
 
