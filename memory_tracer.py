@@ -1,0 +1,187 @@
+"""
+The memory tracer behind estimate_memory.py: a TorchDispatchMode that counts the live tensor storages of a traced
+training step (under FakeTensorMode: no real memory) and what made up their peak, as the CUDA caching allocator would
+count them.
+"""
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_flatten
+
+import optim as optim_lib
+
+# The CUDA caching allocator hands out blocks in multiples of 512 bytes; torch.cuda.max_memory_allocated counts those.
+CUDA_ALIGNMENT = 512
+CATEGORIES = ('parameters', 'gradients', 'optimizer_state', 'ddp_gradient_buckets', 'activations', 'loss_path',
+              'temporaries')
+
+
+def local_storage(tensor):
+    """The storage behind `tensor`: for an FSDP shard (DTensor), its rank's local tensor's."""
+    return getattr(tensor, '_local_tensor', tensor).untyped_storage()
+
+
+class MemoryTracer(TorchDispatchMode):
+    """Counts the live tensor storages after every op: the running total, its peak, and what made up the peak.
+
+    Each storage counts once (views and in-place ops add nothing), rounded up to `alignment` bytes, from the op that
+    created it until its last reference dies (weakref.finalize). An allocation's category is where it was made:
+    in the model's forward (activations, also when recomputed by activation checkpointing in backward), in the loss
+    function or its backward (loss_path), elsewhere (temporaries: activation gradients, inputs, optimizer and
+    clipping scratch). Parameters, gradients and optimizer state are recognized by identity when a peak is recorded.
+    Scratch memory inside a kernel is not visible to any tracer: the allowance covers it."""
+
+    def __init__(self, alignment=CUDA_ALIGNMENT):
+        super().__init__()
+        self.alignment = alignment
+        self.live = {}  # id(untyped storage) -> [bytes, category]
+        self.by_category = dict.fromkeys(CATEGORIES, 0)
+        self.current = 0
+        self.parameters, self.optimizer = [], None
+        self.forward_depth = 0
+        self.in_loss = False
+        self.loss_nodes = []  # (first, last) autograd sequence numbers of each traced loss's backward nodes
+        self.reset_peak()
+
+    def reset_peak(self):
+        self.peak = self.current
+        self.peak_breakdown = self._breakdown()
+        self.allocations = {}  # (shape, dtype, category) -> bytes, every distinct allocation since the reset
+
+    def watch(self, model, optimizer):
+        """Track `model`'s parameters and `optimizer`'s state as such, and tag the model's forward."""
+        self.parameters, self.optimizer = list(model.parameters()), optimizer
+        for p in self.parameters:
+            self.retag(p, 'parameters')
+        model.register_forward_pre_hook(lambda *_: self._count_forward(1))
+        model.register_forward_hook(lambda *_: self._count_forward(-1), always_call=True)
+
+    def _count_forward(self, step):
+        self.forward_depth += step
+
+    def retag(self, tensor, category):
+        entry = self.live[id(local_storage(tensor))]
+        self.by_category[entry[1]] -= entry[0]
+        self.by_category[category] += entry[0]
+        entry[1] = category
+
+    def traced_loss(self, loss_fn):
+        """`loss_fn` with its allocations, and those of its autograd nodes in backward, counted as the loss path."""
+        def loss(hidden, weight, targets, **kwargs):
+            self.in_loss = True
+            try:
+                result = loss_fn(hidden, weight, targets, **kwargs)
+            finally:
+                self.in_loss = False
+            if result.grad_fn is not None and hidden.grad_fn is not None:
+                # the loss's nodes are those created after hidden's: sequence numbers, so no node is kept alive
+                self.loss_nodes.append((hidden.grad_fn._sequence_nr() + 1, result.grad_fn._sequence_nr()))
+            return result
+        return loss
+
+    def _category(self):
+        node = torch._C._current_autograd_node()
+        if node is not None:  # in backward
+            seq = node._sequence_nr()
+            if any(first <= seq <= last for first, last in self.loss_nodes):
+                return 'loss_path'
+            # checkpointed blocks recompute their forward with grad enabled; backward itself runs without
+            return 'activations' if torch.is_grad_enabled() else 'temporaries'
+        if self.in_loss:
+            return 'loss_path'
+        return 'activations' if self.forward_depth > 0 else 'temporaries'
+
+    def _track(self, tensor):
+        if is_traceable_wrapper_subclass(tensor) and not hasattr(tensor, '_local_tensor'):
+            return  # e.g. torchao's 8-bit optimizer state: its memory is its inner tensors', tracked when created
+        storage = local_storage(tensor)
+        if id(storage) in self.live:
+            return
+        category = self._category()
+        size = self._count(storage, storage.nbytes(), category)
+        allocation = (tuple(tensor.shape), str(tensor.dtype).removeprefix('torch.'), category)
+        self.allocations[allocation] = max(size, self.allocations.get(allocation, 0))
+
+    def _count(self, storage, nbytes, category):
+        """Count `storage` as live, `nbytes` rounded up to the alignment, until it dies. Returns the rounded size."""
+        key = id(storage)
+        size = -(-nbytes // self.alignment) * self.alignment
+        self.live[key] = [size, category]
+        self.by_category[category] += size
+        self.current += size
+        weakref.finalize(storage, self._free, key)
+        return size
+
+    def _free(self, key):
+        if key not in self.live:  # already freed by a resize to 0 (see _resized)
+            return
+        size, category = self.live.pop(key)
+        self.by_category[category] -= size
+        self.current -= size
+
+    def _breakdown(self):
+        breakdown = dict(self.by_category)
+        if self.optimizer is None:
+            return breakdown
+        grads = [p.grad for p in self.parameters if p.grad is not None]
+        state = optim_lib.state_tensors(self.optimizer)  # torchao's 8-bit state: the tensors inside its subclass
+        moved = set()
+        for category, tensors in (('gradients', grads), ('optimizer_state', state)):
+            for t in tensors:
+                key = id(local_storage(t))
+                if key in self.live and key not in moved:
+                    moved.add(key)
+                    size, tagged = self.live[key]
+                    breakdown[tagged] -= size
+                    breakdown[category] += size
+        return breakdown
+
+    def _resized(self, storage, nbytes):
+        """FSDP frees and reallocates each gathered (unsharded) parameter by resizing its storage, which no op shows:
+        UntypedStorage.resize_ is wrapped while tracing, and such storages count as parameters."""
+        key = id(storage)
+        if key in self.live:
+            self._free(key)
+        if nbytes:
+            self._count(storage, nbytes, 'parameters')
+            self._update_peak()
+
+    def _update_peak(self):
+        if self.current > self.peak:
+            self.peak = self.current
+            self.peak_breakdown = self._breakdown()
+
+    def __enter__(self):
+        resize = self._original_resize = torch.UntypedStorage.resize_
+        def traced_resize(storage, nbytes):
+            result = resize(storage, nbytes)
+            self._resized(storage, nbytes)
+            return result
+        torch.UntypedStorage.resize_ = traced_resize
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._original_resize
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._track(t)
+        self._update_peak()
+        return out
+
+    def largest_allocations(self, n, category=None):
+        """The n largest allocations of distinct shape and dtype since the last reset_peak, of `category` if given."""
+        found = {}
+        for (shape, dtype, tagged), size in sorted(self.allocations.items(), key=lambda item: -item[1]):
+            if category in (None, tagged) and (shape, dtype) not in found:
+                found[shape, dtype] = dict(shape=list(shape), dtype=dtype, bytes=size, category=tagged)
+        return list(found.values())[:n]
+
+    def phase_result(self):
+        return dict(peak_bytes=self.peak, breakdown=self.peak_breakdown,
+                    largest_allocations=self.largest_allocations(5),
+                    largest_loss_path_allocations=self.largest_allocations(3, 'loss_path'))
