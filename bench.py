@@ -9,18 +9,16 @@ Keys are overridden as in train.py: config files, then --key=value (python bench
 import os
 import sys
 import time
-import weakref
 import statistics
 from contextlib import nullcontext
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 import configurator
 from configurator import ConfigError, fail
+from memory_tracer import MemoryTracer
 from model import GPTConfig, GPT, chunked_cross_entropy, default_chunk_size
 
 # -----------------------------------------------------------------------------
@@ -142,32 +140,6 @@ def bench_train():
         print(f'peak allocated memory: {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB')
 
 
-class LiveStorageBytes(TorchDispatchMode):
-    """An allocation tracker for the CPU, which has no allocator statistics: the peak bytes of the tensor storages
-    created under it that are alive at once. Storages that exist before (the inputs) are not counted."""
-
-    def __init__(self, *existing):
-        super().__init__()
-        self.seen = {t.untyped_storage()._cdata for t in existing}
-        self.live = self.peak = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor):
-                storage = tensor.untyped_storage() # views and in-place results share one already seen
-                if storage._cdata not in self.seen:
-                    self.seen.add(storage._cdata)
-                    self.live += storage.nbytes()
-                    self.peak = max(self.peak, self.live)
-                    weakref.finalize(storage, self._release, storage._cdata, storage.nbytes())
-        return out
-
-    def _release(self, key, nbytes):
-        self.seen.discard(key)
-        self.live -= nbytes
-
-
 def bench_loss():
     methods = {'naive F.cross_entropy(F.linear)': lambda h, w, t: F.cross_entropy(F.linear(h, w), t)}
     for chunk in chunk_sizes:
@@ -192,7 +164,7 @@ def bench_loss():
             torch.cuda.reset_peak_memory_stats(device)
             forward_backward(loss_fn, h, w, t)
             return torch.cuda.max_memory_allocated(device) - baseline
-        with LiveStorageBytes(h, w, t) as tracker:
+        with MemoryTracer(alignment=1, existing=(h, w, t)) as tracker: # the CPU has no allocator statistics
             forward_backward(loss_fn, h, w, t)
         return tracker.peak
 

@@ -32,7 +32,9 @@ class MemoryTracer(TorchDispatchMode):
     clipping scratch). Parameters, gradients and optimizer state are recognized by identity when a peak is recorded.
     Scratch memory inside a kernel is not visible to any tracer: the allowance covers it."""
 
-    def __init__(self, alignment=CUDA_ALIGNMENT):
+    def __init__(self, alignment=CUDA_ALIGNMENT, existing=()):
+        """existing: tensors made before tracing (a benchmark's inputs): their storages are known and count 0 bytes,
+        so views of them and in-place results in them are not taken for new allocations."""
         super().__init__()
         self.alignment = alignment
         self.live = {}  # id(untyped storage) -> [bytes, category]
@@ -42,6 +44,8 @@ class MemoryTracer(TorchDispatchMode):
         self.forward_depth = 0
         self.in_loss = False
         self.loss_nodes = []  # (first, last) autograd sequence numbers of each traced loss's backward nodes
+        for tensor in existing:
+            self._count(local_storage(tensor), 0, 'temporaries')
         self.reset_peak()
 
     def reset_peak(self):

@@ -1,10 +1,11 @@
 """model.py: the chunked loss against the naive reference, and the GPT in nanoGPT's shape."""
+import math
+
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 import model as model_lib
+from memory_tracer import MemoryTracer
 from model import GPT, GPTConfig, chunked_cross_entropy
 
 
@@ -71,38 +72,26 @@ def test_no_grad_computes_loss_only():
     torch.testing.assert_close(loss, naive(h, w, t).detach())
 
 
-class LargestAllocation(TorchDispatchMode):
-    """The most elements of any tensor created under it; results written into an argument (in place, out=) are
-    not new allocations and do not count."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        arguments = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-        for o in tree_leaves(out):
-            if isinstance(o, torch.Tensor) and not any(o.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
-                                                       for a in arguments):
-                self.largest = max(self.largest, o.numel())
-        return out
+def largest_tensor(tracker):
+    """The most elements of any tensor whose storage was allocated under `tracker` (since its last reset_peak)."""
+    return max(math.prod(shape) for shape, _, _ in tracker.allocations)
 
 
 def test_no_tensor_near_n_by_v_in_forward_and_backward():
     h, w, t = make(n=4096, d=32, v=4096)
-    with LargestAllocation() as tracker:
+    with MemoryTracer(alignment=1, existing=(h, w, t)) as tracker:
         chunked_cross_entropy(h, w, t, chunk_size=256).backward()
-    assert tracker.largest < 4096 * 4096 // 2
+    assert largest_tensor(tracker) < 4096 * 4096 // 2
 
 
 def test_backward_scales_the_saved_gradients_in_place():
     """No second copy of the (V, d) weight gradient in backward: the upstream factor is applied in place."""
     h, w, t = make(n=512, d=32, v=4096)
-    loss = chunked_cross_entropy(h, w, t, chunk_size=64) / 4
-    with LargestAllocation() as tracker:
+    with MemoryTracer(alignment=1, existing=(h, w, t)) as tracker:
+        loss = chunked_cross_entropy(h, w, t, chunk_size=64) / 4
+        tracker.reset_peak()  # from here on, what backward allocates
         loss.backward()
-    assert tracker.largest < w.numel()
+    assert largest_tensor(tracker) < w.numel()
     ref = loss_and_grads(naive, h, w, t)
     torch.testing.assert_close(h.grad, ref[1] / 4)
     torch.testing.assert_close(w.grad, ref[2] / 4)
