@@ -260,8 +260,8 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
     return dict(model=model_args, batch_size=batch_size,
                 gradient_accumulation_steps=config['gradient_accumulation_steps'],
                 micro_steps_traced=traced_micro_steps(config), world_size=config['world_size'],
-                parallelism=config['parallelism'], dtype=config['dtype'], loss=loss, activation_checkpointing=activation_checkpointing,
-                train=train, eval=evaluation)
+                parallelism=config['parallelism'], dtype=config['dtype'], loss=loss,
+                activation_checkpointing=activation_checkpointing, train=train, eval=evaluation)
 
 
 def allowance(peak_bytes, cuda_context=True):

@@ -86,7 +86,8 @@ def test_train_defaults_are_train_py_keys():
                      'gradient_accumulation_steps', 'batch_size', 'block_size', 'n_layer', 'n_head', 'n_embd',
                      'dropout', 'bias', 'learning_rate', 'max_iters', 'weight_decay', 'beta1', 'beta2', 'grad_clip',
                      'decay_lr', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'backend', 'device', 'dtype', 'compile',
-                     'seed', 'eval_batch_size', 'activation_checkpointing', 'auto_batch_size', 'data_dir', 'optim', 'optimizer_in_backward', 'parallelism'}
+                     'seed', 'eval_batch_size', 'activation_checkpointing', 'auto_batch_size', 'data_dir', 'optim',
+                     'optimizer_in_backward', 'parallelism'}
     assert set(defaults) == contract_keys
     assert (defaults['seed'], defaults['eval_batch_size'], defaults['data_dir']) == (1337, 0, 'data')
     assert defaults['activation_checkpointing'] is False and defaults['auto_batch_size'] is False

@@ -37,7 +37,8 @@ def test_fp64_many_chunks_and_fp32_match_naive():
 
 
 def test_bf16_autocast_with_fp32_master_weights(monkeypatch):
-    monkeypatch.setattr(model_lib, "VOCAB_BLOCK", 100)  # the weight gradient in 3 blocks of vocabulary (257 = 100+100+57)
+    # the weight gradient in 3 blocks of vocabulary: 257 = 100 + 100 + 57
+    monkeypatch.setattr(model_lib, "VOCAB_BLOCK", 100)
     h, w, t = make()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ref = loss_and_grads(naive, h, w, t)
