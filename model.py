@@ -88,7 +88,7 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
         minus_ones = torch.full_like(sum_exp, -1.0).unsqueeze(0)
         g = exp_logits.div_(sum_exp).scatter_add_(0, safe_targets[:, rows], minus_ones).to(compute_dtype)
         if grad_hidden is not None:
-            grad_hidden[rows] = (g.t() @ w).mul_(row_factors[rows])
+            torch.mul(g.t() @ w, row_factors[rows], out=grad_hidden[rows])  # 1/n in fp32, not in the product's dtype
         if grad_weight is not None:
             h_valid = h * valid[rows].unsqueeze(1)  # ignored rows add nothing to the weight gradient
             if g.dtype == grad_weight.dtype:
