@@ -2,7 +2,7 @@
 nanoGPT's bench.py, a short version of train.py for benchmarking, plus a benchmark of the loss path.
 
 $ python bench.py                  # mode=train: GPT-2 124M training iterations, time per iteration and MFU
-$ python bench.py --mode=loss      # the loss path alone: naive vs chunked vs torch's linear_cross_entropy
+$ python bench.py --mode=loss      # the loss path alone: naive, chunked, torch's linear_cross_entropy, matmul floor
 
 Keys are overridden as in train.py: config files, then --key=value (python bench.py --help lists them).
 """
@@ -140,32 +140,53 @@ def bench_train():
         print(f'peak allocated memory: {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB')
 
 
+def matmuls_alone(h, w, rows):
+    """The three N x d x V matmuls of chunked_cross_entropy over its chunks of `rows`, and nothing else: logits
+    W @ h_chunk.T, then with those in place of the logits' gradient, g.T @ W and W's gradient += g @ h_chunk. No exact
+    method does less matmul work (the naive path does the same three at full size), so their time is this machine's
+    floor for the loss path: what the chunked path spends beyond it is its softmax and bookkeeping."""
+    with torch.no_grad():
+        chunk = torch.empty(w.shape[0], min(rows, h.shape[0]), device=h.device, dtype=h.dtype)
+        grad_hidden, grad_weight = torch.empty_like(h), torch.zeros_like(w)
+        for start in range(0, h.shape[0], rows):
+            h_chunk = h[start:start + rows]
+            logits = chunk[:, :h_chunk.shape[0]]
+            torch.mm(w, h_chunk.t(), out=logits)
+            torch.mm(logits.t(), w, out=grad_hidden[start:start + rows])
+            grad_weight.addmm_(logits, h_chunk)
+
+
 def bench_loss():
-    methods = {'naive F.cross_entropy(F.linear)': lambda h, w, t: F.cross_entropy(F.linear(h, w), t)}
+    def backward_of(loss_fn):
+        return lambda h, w, t: loss_fn(h, w, t).backward()
+
+    floor_rows = default_chunk_size(vocab_size)
+    methods = {'naive F.cross_entropy(F.linear)': backward_of(lambda h, w, t: F.cross_entropy(F.linear(h, w), t))}
     for chunk in chunk_sizes:
         rows = chunk or default_chunk_size(vocab_size)
-        methods[f'chunked_cross_entropy, {rows} rows'] = (
+        methods[f'chunked_cross_entropy, {rows} rows'] = backward_of(
             lambda h, w, t, rows=rows: chunked_cross_entropy(h, w, t, chunk_size=rows))
     if hasattr(F, 'linear_cross_entropy') and hasattr(torch.nn, 'LinearCrossEntropyOptions'):
-        methods['torch F.linear_cross_entropy'] = lambda h, w, t: F.linear_cross_entropy(
-            h, w, t, options=torch.nn.LinearCrossEntropyOptions()) # default options: its chunked path
+        methods['torch F.linear_cross_entropy'] = backward_of(lambda h, w, t: F.linear_cross_entropy(
+            h, w, t, options=torch.nn.LinearCrossEntropyOptions())) # default options: its chunked path
     else:
         print(f'torch {torch.__version__} has no F.linear_cross_entropy: skipped')
+    methods[f'floor: 3 matmuls alone, {floor_rows} rows'] = lambda h, w, t: matmuls_alone(h, w, floor_rows)
 
-    def forward_backward(loss_fn, h, w, t):
-        loss_fn(h, w, t).backward()
+    def forward_backward(run, h, w, t):
+        run(h, w, t)
         h.grad = w.grad = None # free the gradients before the next run
         synchronize()
 
-    def peak_bytes(loss_fn, h, w, t):
+    def peak_bytes(run, h, w, t):
         """Memory allocated beyond the inputs during one forward+backward, gradients included."""
         if device_type == 'cuda':
             baseline = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
-            forward_backward(loss_fn, h, w, t)
+            forward_backward(run, h, w, t)
             return torch.cuda.max_memory_allocated(device) - baseline
         with MemoryTracer(alignment=1, existing=(h, w, t)) as tracker: # the CPU has no allocator statistics
-            forward_backward(loss_fn, h, w, t)
+            forward_backward(run, h, w, t)
         return tracker.peak
 
     print(f'loss path forward+backward, d={n_embd}, V={vocab_size}, {dtype}, {device}, '
@@ -178,13 +199,13 @@ def bench_loss():
         h = torch.randn(n, n_embd, device=device, dtype=ptdtype, requires_grad=True) # the same inputs for all
         w = (torch.randn(vocab_size, n_embd, device=device, dtype=ptdtype) * 0.02).requires_grad_()
         t = torch.randint(vocab_size, (n,), device=device)
-        peaks = {name: peak_bytes(fn, h, w, t) for name, fn in methods.items()} # untimed: the tracker is slow
+        peaks = {name: peak_bytes(run, h, w, t) for name, run in methods.items()} # untimed: the tracker is slow
         times = {name: [] for name in methods}
-        for run in range(1 + loss_runs): # run 0 warms up; methods interleave so machine noise hits each alike
-            for name, fn in methods.items():
+        for attempt in range(1 + loss_runs): # attempt 0 warms up; methods interleave so machine noise hits each alike
+            for name, run in methods.items():
                 t0 = time.perf_counter()
-                forward_backward(fn, h, w, t)
-                if run > 0:
+                forward_backward(run, h, w, t)
+                if attempt > 0:
                     times[name].append(time.perf_counter() - t0)
         naive_times = next(iter(times.values()))
         naive_time, naive_best = statistics.median(naive_times), min(naive_times)
