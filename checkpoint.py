@@ -5,6 +5,7 @@ needs (scaler, rng_states); a checkpoint without them, e.g. one written by nanoG
 """
 import contextlib
 import os
+import re
 
 import torch
 
@@ -26,10 +27,34 @@ def checkpoint_path(out_dir):
     return os.path.join(out_dir, CKPT_NAME)
 
 
+def _process_is_alive(pid):
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def remove_stale_temporaries(out_dir):
+    """Delete the temporary files that saves killed mid-write (SIGKILL, out of host memory) left in out_dir: with
+    its optimizer state a GPT-2 124M checkpoint is 1.5 GB, so each is disk space the next save may need.
+    Those of live processes (another run saving into the same out_dir) are left alone."""
+    if os.name != 'posix':  # os.kill(pid, 0) only probes a process on POSIX; on Windows it would end it
+        return
+    for name in os.listdir(out_dir):
+        match = re.fullmatch(rf'\.{re.escape(CKPT_NAME)}\.(\d+)\.tmp', name)
+        if match and not _process_is_alive(int(match[1])):  # this process's own: overwritten below
+            with contextlib.suppress(FileNotFoundError):  # another run's cleanup may have got there first
+                os.remove(os.path.join(out_dir, name))
+
+
 def save_checkpoint(checkpoint, out_dir):
     """Write out_dir/ckpt.pt through a temporary file in out_dir and os.replace: a crash or kill at any moment
     leaves either the previous ckpt.pt or the new one, never a partial file."""
     os.makedirs(out_dir, exist_ok=True)
+    remove_stale_temporaries(out_dir)
     tmp = os.path.join(out_dir, f'.{CKPT_NAME}.{os.getpid()}.tmp')  # same filesystem, so os.replace is a rename
     try:
         with open(tmp, 'wb') as f:

@@ -16,6 +16,7 @@ import torch
 from conftest import ROOT, TINY_ARGS, logged_losses, run_script, write_char_dataset
 
 sys.path.insert(0, str(ROOT))
+from checkpoint import save_checkpoint  # noqa: E402
 from memory_advice import fitting_batch_size, keep_tokens, oom_advice  # noqa: E402
 
 GIB = 2 ** 30
@@ -88,6 +89,20 @@ def test_kill_during_training_then_resume(tmp_path, data_dir):
     assert result.returncode == 0, result.stderr
     assert sorted(logged_losses(result.stdout)) == [iter_num, iter_num + 1, iter_num + 2]
     assert load(out_dir)['iter_num'] == iter_num + 2
+    assert os.listdir(out_dir) == ['ckpt.pt']  # a temporary file of a save the kill cut short is gone
+
+
+def test_save_removes_temporaries_of_killed_saves_only(tmp_path):
+    finished = subprocess.Popen([sys.executable, '-c', 'pass'])
+    finished.wait()  # its pid now names no process: a save killed mid-write
+    with subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']) as saving:  # another run, saving
+        stale, live = tmp_path / f'.ckpt.pt.{finished.pid}.tmp', tmp_path / f'.ckpt.pt.{saving.pid}.tmp'
+        stale.write_bytes(b'partial')
+        live.write_bytes(b'in progress')
+        save_checkpoint({'model': {}, 'model_args': {}}, str(tmp_path))
+        saving.kill()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, 'ckpt.pt'])
+    assert live.read_bytes() == b'in progress'
 
 
 def test_nanogpt_checkpoint_resumes(tmp_path, tiny_run):
