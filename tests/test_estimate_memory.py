@@ -1,8 +1,9 @@
-"""estimate_memory.py: the traced peak against a real CPU run, the 12 GB presets, the naive loss's full logits,
+"""estimate_memory.py: the traced peak against a real CPU run, the 12 and 24 GB presets, the naive loss's full logits,
 the micro-batch search, pick_batch_size and the one-line errors. Tiny models except where GPT-2 124M is the point."""
 import gc
 import json
 import pickle
+import re
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from configurator import ConfigError  # noqa: E402
 from model import CHUNK_ELEMENTS, VOCAB_BLOCK  # noqa: E402
 
 GIB = 2 ** 30
-PRESETS_12GB = sorted((ROOT / 'config').glob('*12gb*.py'))
+CARD_PRESETS = sorted((ROOT / 'config').glob('*_[0-9]*gb.py'))  # each named for its card: *_12gb.py, *_24gb.py
 
 
 @pytest.fixture
@@ -126,11 +127,12 @@ def test_resume_takes_the_model_from_the_checkpoint(tiny, tmp_path):
         em.trace({**config, 'out_dir': str(tmp_path / 'missing')})
 
 
-@pytest.mark.parametrize('path', PRESETS_12GB, ids=lambda path: path.name)
-def test_12gb_presets_fit_under_11_gib(path):
-    result = em.estimate(em.load_config([str(path)]))
+@pytest.mark.parametrize('path', CARD_PRESETS, ids=lambda path: path.name)
+def test_card_presets_fit_with_a_gib_to_spare(path):
+    card_gb = int(re.search(r'_(\d+)gb\.py$', path.name)[1])
+    result = em.estimate(em.load_config([str(path), f'--gpu_memory_gb={card_gb}']))
     assert result['fits']
-    assert result['total_bytes'] < 11 * GIB and result['eval_total_bytes'] < 11 * GIB
+    assert result['total_bytes'] < (card_gb - 1) * GIB and result['eval_total_bytes'] < (card_gb - 1) * GIB
     assert result['total_bytes'] > result['train']['peak_bytes'] + em.CUDA_CONTEXT_BYTES
 
 
