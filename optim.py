@@ -10,7 +10,9 @@ AdamW's two fp32 moments take 16 bytes a parameter. Two levers here cut it:
   all but one tensor's worth).
 All variants compute the AdamW update in fp32 (decoupled weight decay, bias correction, as torch.optim.AdamW).
 """
+import contextlib
 import inspect
+import logging
 import math
 
 import torch
@@ -20,6 +22,23 @@ from configurator import ConfigError
 OPTIMS = ('adamw', 'adamw_bf16', 'adamw_8bit')
 
 
+@contextlib.contextmanager
+def _errors_only(*logger_names):
+    """Silence the named loggers' warnings for the duration. torchao's first import warns about each of its compiled
+    extensions that does not load (e.g. 'Failed to load ..._C_mxfp8.cpython-310-...so' under another Python or a
+    CPU build of torch), and torch's pytree warns about torchao's enum registration; its 8-bit AdamW is plain PyTorch
+    and needs none of them, so those lines would only alarm. Errors still show."""
+    loggers = [logging.getLogger(name) for name in logger_names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def require(optim):
     """Check that `optim` is known and its library imports; ConfigError otherwise. Importing torchao here, before a
     checkpoint is loaded, also registers its 8-bit state class with torch.load(weights_only=True)."""
@@ -27,7 +46,8 @@ def require(optim):
         raise ConfigError(f"unknown optim {optim!r}: use one of {', '.join(OPTIMS)}")
     if optim == 'adamw_8bit':
         try:
-            import torchao.optim  # noqa: F401  imported only when selected: an optional dependency
+            with _errors_only('torchao', 'torch.utils._pytree'):
+                import torchao.optim  # noqa: F401  imported only when selected: an optional dependency
         except ImportError as e:
             raise ConfigError(f"optim='adamw_8bit' needs torchao ({e}): pip install torchao, or use "
                               f"--optim=adamw_bf16") from None
