@@ -1,6 +1,7 @@
 """optim.py: the optimizer step fused into backward gives the standard loop's parameters; AdamW with bf16 moments and
 torchao's 8-bit AdamW train a tiny GPT like AdamW with the state they promise; estimate_memory.py shows each lever;
-train.py refuses what optimizer_in_backward cannot honour, and trains and resumes exactly with each lever."""
+train.py refuses what optimizer_in_backward cannot honour, runs it under torch.compile as in eager, and trains and
+resumes exactly with each lever."""
 import importlib.util
 import pickle
 import sys
@@ -146,6 +147,17 @@ def test_missing_torchao_names_the_install(monkeypatch):
 
 def train(data_dir, out_dir, *args):
     return run_script('train.py', *TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args)
+
+
+def test_in_backward_under_compile_trains_as_eager(data_dir, tmp_path):
+    """The steps run in gradient hooks, outside the compiled graph: torch.compile must not skip or repeat them."""
+    args = ['--max_iters=4', '--eval_interval=4', '--optimizer_in_backward=True', '--grad_clip=0']
+    eager = train(data_dir, tmp_path / 'eager', *args)
+    compiled = train(data_dir, tmp_path / 'compiled', *args, '--compile=True')
+    assert eager.returncode == 0 and compiled.returncode == 0, compiled.stderr
+    eager_losses, compiled_losses = logged_losses(eager.stdout), logged_losses(compiled.stdout)
+    assert eager_losses.keys() == compiled_losses.keys() == set(range(5))
+    assert compiled_losses == pytest.approx(eager_losses, rel=1e-4)  # inductor may order float sums differently
 
 
 @pytest.mark.parametrize('args, key', [
