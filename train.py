@@ -507,4 +507,5 @@ except torch.OutOfMemoryError:
                     activation_checkpointing, stats, fixed_memory if stats else 0))
 
 if ddp:
+    dist.barrier() # no rank tears its process group down while another still has a collective in flight
     dist.destroy_process_group()
