@@ -35,7 +35,7 @@ from checkpoint import CheckpointError, load_checkpoint
 from configurator import ConfigError
 from memory_tracer import CUDA_ALIGNMENT, MemoryTracer
 from model import GPT, GPTConfig
-from parallel import PARALLELISMS, set_gradient_sync, shard_model, shard_optimizer_state
+from parallel import PARALLELISMS, fsdp_param_dtype, set_gradient_sync, shard_model, shard_optimizer_state
 
 GIB = 2 ** 30
 MIB = 2 ** 20
@@ -136,7 +136,7 @@ def build(config, activation_checkpointing, mesh=None):
             model.crop_block_size(crop)
         model.activation_checkpointing = activation_checkpointing
         if mesh is not None and config['parallelism'] == 'fsdp':
-            shard_model(model, mesh)
+            shard_model(model, mesh, param_dtype=fsdp_param_dtype(config))
         optimizer = model.configure_optimizers(config['weight_decay'], config['learning_rate'],
                                                (config['beta1'], config['beta2']), device_type='cuda',
                                                optim=config['optim'])
@@ -384,6 +384,7 @@ def check_config(config):
         raise ConfigError(f"unknown parallelism {config['parallelism']!r}: use one of {', '.join(PARALLELISMS)}")
     if config['dtype'] not in configurator.DTYPES:
         raise ConfigError(f"unknown dtype {config['dtype']!r}: use one of {', '.join(configurator.DTYPES)}")
+    fsdp_param_dtype(config)  # raises for a fsdp_mixed_precision it cannot apply
     if config['loss'] not in LOSSES:
         raise ConfigError(f"unknown loss {config['loss']!r}: use --loss=chunked (model.py's) or --loss=naive "
                           f"(nanoGPT's full logits, for comparison)")

@@ -44,8 +44,8 @@ from configurator import ConfigError, fail
 from checkpoint import CheckpointError, checkpoint_path, first_line, load_checkpoint, load_model_state, save_checkpoint
 from memory_advice import cuda_memory_stats, oom_advice
 from model import GPTConfig, GPT
-from parallel import (PARALLELISMS, full_state_dicts, load_optimizer_state, set_gradient_sync, shard_model,
-                      shard_optimizer_state)
+from parallel import (PARALLELISMS, fsdp_param_dtype, full_state_dicts, load_optimizer_state, set_gradient_sync,
+                      shard_model, shard_optimizer_state)
 
 # -----------------------------------------------------------------------------
 # --- config defaults ---
@@ -100,6 +100,7 @@ compile = device == 'cuda' # use PyTorch 2.0 to compile the model to be faster (
 # DDP settings
 backend = 'nccl' if device == 'cuda' else 'gloo' # 'nccl', 'gloo', etc.
 parallelism = 'ddp' # under torchrun: 'ddp' replicates the training state, 'zero1' shards AdamW's, 'fsdp' all of it
+fsdp_mixed_precision = False # fsdp: gather weights in dtype (bf16/fp16), half the traffic and gathered memory
 # --- end config defaults ---
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 try:
@@ -126,6 +127,10 @@ if gradient_accumulation_steps % ddp_world_size != 0:
          f'processes (each runs an equal share): use a multiple of {ddp_world_size}')
 if parallelism not in PARALLELISMS:
     fail(f"unknown parallelism {parallelism!r}: use one of {', '.join(PARALLELISMS)} (README: Multi-GPU)")
+try:
+    gather_dtype = fsdp_param_dtype(config)
+except ConfigError as e:
+    fail(e)
 if backend == 'nccl' and device_type != 'cuda':
     fail(f"backend='nccl' needs CUDA: use --backend=gloo with device={device!r}")
 if init_from not in ('scratch', 'resume') and init_from not in GPT.PRETRAINED_ARGS:
@@ -290,7 +295,7 @@ else:
 model.activation_checkpointing = activation_checkpointing
 model.to(device)
 if ddp and parallelism == 'fsdp':
-    shard_model(model) # in place: the weights it loaded above are split over the ranks
+    shard_model(model, param_dtype=gather_dtype) # in place: the weights it loaded above are split over the ranks
 torch.manual_seed(seed + seed_offset) # then each rank its own dropout
 raw_model = model # the plain (or fully_shard-ed) module: saved, and asked for MFU, without DDP's and compile's wrappers
 

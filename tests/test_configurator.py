@@ -87,7 +87,7 @@ def test_train_defaults_are_train_py_keys():
                      'dropout', 'bias', 'learning_rate', 'max_iters', 'weight_decay', 'beta1', 'beta2', 'grad_clip',
                      'decay_lr', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'backend', 'device', 'dtype', 'compile',
                      'seed', 'eval_batch_size', 'activation_checkpointing', 'auto_batch_size', 'data_dir', 'optim',
-                     'optimizer_in_backward', 'parallelism'}
+                     'optimizer_in_backward', 'parallelism', 'fsdp_mixed_precision'}
     assert set(defaults) == contract_keys
     assert (defaults['seed'], defaults['eval_batch_size'], defaults['data_dir']) == (1337, 0, 'data')
     assert defaults['activation_checkpointing'] is False and defaults['auto_batch_size'] is False

@@ -108,6 +108,19 @@ def test_zero1_and_fsdp_split_the_per_rank_state_over_the_ranks(tiny):
             assert peaks[0] < single['peak_bytes']
 
 
+def test_fsdp_mixed_precision_gathers_the_weights_in_half_the_bytes(tiny):
+    """Through the real fully_shard with its MixedPrecisionPolicy: the shards stay fp32 (as does the optimizer state);
+    the blocks gathered at the peak are bf16."""
+    tiny = {**tiny, 'gradient_accumulation_steps': 4, 'n_layer': 4, 'dtype': 'bfloat16', 'parallelism': 'fsdp',
+            'world_size': 2}
+    fp32, bf16 = (em.trace({**tiny, 'fsdp_mixed_precision': on}, evaluate=False)['train'] for on in (False, True))
+    shards = sum(p.numel() for p in em.build(tiny, False)[0].parameters()) * 4 / 2  # about rank 0's fp32 share
+    gathered_fp32, gathered_bf16 = (r['breakdown']['parameters'] - shards for r in (fp32, bf16))
+    assert 0.45 * gathered_fp32 < gathered_bf16 < 0.6 * gathered_fp32
+    assert bf16['breakdown']['optimizer_state'] == fp32['breakdown']['optimizer_state']
+    assert bf16['peak_bytes'] < fp32['peak_bytes']
+
+
 def test_activation_checkpointing_lowers_the_traced_activations(tiny):
     tiny = {**tiny, 'n_layer': 4, 'batch_size': 8}  # enough blocks that their saved activations dominate
     plain, checkpointed = (em.trace({**tiny, 'activation_checkpointing': on}, evaluate=False)['train']
@@ -203,6 +216,8 @@ def test_pick_batch_size_keeps_tokens_per_step_and_fails_clearly(tiny):
     (['--init_from=gpt2', '--block_size=2048'], 'block_size=2048'),
     (['--init_from=gpt3'], "init_from 'gpt3'"),
     (['--measure'], 'CUDA is not available'),
+    (['--fsdp_mixed_precision'], "parallelism='fsdp'"),
+    (['--fsdp_mixed_precision', '--parallelism=fsdp', '--dtype=float32'], "dtype='float32'"),
 ])
 def test_bad_input_is_one_line_error(argv, named, capsys):
     if '--measure' in argv and torch.cuda.is_available():

@@ -84,3 +84,25 @@ def test_resume_under_another_mode_and_world_size(runs, tmp_path, saved, resumed
     assert_same_losses(result.stdout, single, 'step', (4, 6))
     # the master's note when the saved RNG states are of another world size (every saved run here had 2 processes)
     assert result.stdout.count('note: ') == (processes != 2)
+
+
+def test_fsdp_mixed_precision_trains_like_one_process_in_bf16(runs, tmp_path):
+    """Weights gathered in bf16 put the residual stream in bf16 too, where one process keeps it fp32: close, not
+    equal. The shards, and so the checkpoint, stay fp32."""
+    args = [*ARGS, f'--data_dir={runs[1]}', '--max_iters=4', '--dtype=bfloat16']
+    single = run_script('train.py', *args, f'--out_dir={tmp_path / "single"}')
+    mixed = torchrun(*args, f'--out_dir={tmp_path / "fsdp"}', '--parallelism=fsdp', '--fsdp_mixed_precision=True')
+    assert single.returncode == 0 and mixed.returncode == 0, mixed.stderr[-3000:]
+    losses, expected = logged_losses(mixed.stdout), logged_losses(single.stdout)
+    assert sorted(losses) == list(range(5)) and losses[4] < losses[0]
+    assert [losses[i] for i in range(5)] == pytest.approx([expected[i] for i in range(5)], abs=0.05)
+    assert {v.dtype for v in load(tmp_path / 'fsdp')['model'].values()} == {torch.float32}
+
+
+def test_fsdp_mixed_precision_outside_fsdp_is_refused(runs, tmp_path):
+    result = run_script('train.py', *ARGS, f'--data_dir={runs[1]}', f'--out_dir={tmp_path / "out"}',
+                        '--fsdp_mixed_precision=True')
+    assert result.returncode == 2 and not (tmp_path / 'out').exists()
+    assert result.stderr.strip().splitlines() == [
+        "error: fsdp_mixed_precision=True applies to parallelism='fsdp', not 'ddp': use --parallelism=fsdp or "
+        "--fsdp_mixed_precision=False"]
