@@ -160,10 +160,10 @@ def bench_loss():
     def backward_of(loss_fn):
         return lambda h, w, t: loss_fn(h, w, t).backward()
 
-    floor_rows = default_chunk_size(vocab_size)
+    default_rows = default_chunk_size(vocab_size)
     methods = {'naive F.cross_entropy(F.linear)': backward_of(lambda h, w, t: F.cross_entropy(F.linear(h, w), t))}
     for chunk in chunk_sizes:
-        rows = chunk or default_chunk_size(vocab_size)
+        rows = chunk or default_rows
         methods[f'chunked_cross_entropy, {rows} rows'] = backward_of(
             lambda h, w, t, rows=rows: chunked_cross_entropy(h, w, t, chunk_size=rows))
     if hasattr(F, 'linear_cross_entropy') and hasattr(torch.nn, 'LinearCrossEntropyOptions'):
@@ -171,7 +171,7 @@ def bench_loss():
             h, w, t, options=torch.nn.LinearCrossEntropyOptions())) # default options: its chunked path
     else:
         print(f'torch {torch.__version__} has no F.linear_cross_entropy: skipped')
-    methods[f'floor: 3 matmuls alone, {floor_rows} rows'] = lambda h, w, t: matmuls_alone(h, w, floor_rows)
+    methods[f'floor: 3 matmuls alone, {default_rows} rows'] = lambda h, w, t: matmuls_alone(h, w, default_rows)
 
     def forward_backward(run, h, w, t):
         run(h, w, t)
