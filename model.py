@@ -33,6 +33,7 @@ import optim as optim_lib
 # Chunks of 384 to 512 rows ran the matmuls about as fast as the naive path's full-size ones on a 2-core CPU
 # (`python bench.py --mode=loss --chunk_size=256,384,512`); 256 rows was slower. Small vocabularies get one chunk.
 CHUNK_ELEMENTS = 19 * 2 ** 20
+LOG2E, LN2 = 1 / math.log(2), math.log(2)  # exp(x) = exp2(x * LOG2E), log(x) = log2(x) * LN2
 VOCAB_BLOCK = 8192  # rows of the weight gradient a low-precision product covers at once (12 MiB in bf16 at d=768)
 
 def default_chunk_size(vocab_size):
@@ -54,53 +55,64 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
     matmuls of the naive path and nothing is recomputed. The weight gradient accumulates in fp32.
 
     Each chunk's logits are held transposed, (V, rows), in one fp32 buffer allocated once and overwritten in
-    place (exp(logits - max), then softmax - onehot): the (V, d) @ (d, rows) product ran about 30% faster on CPU
-    than (rows, d) @ (d, V), and the reductions over V run along contiguous columns. The 1 / n_valid factor and the
-    ignored rows' zeros are applied to the small (rows, d) operands, never to the (V, rows) chunk; the softmax is
-    normalized in fp32 before any cast, so low-precision operands hold values in [-1, 1] and nothing underflows."""
+    place: the (V, d) @ (d, rows) product ran about 30% faster on CPU than (rows, d) @ (d, V), and the reductions
+    over V run along contiguous columns. Every pass over that buffer is memory-bound time beyond the matmuls (and
+    weighs more on a GPU, whose matmuls are faster), so per-row factors go into the small (rows, d) operands:
+    log2(e), so that exp2 (faster than exp on CPU) gives the exponentials, and the softmax's 1 / sum with
+    1 / n_valid, so the buffer becomes exp - sum * onehot = sum * (softmax - onehot) and is never divided.
+    Under fp16 those scales (down to 1 / (n_valid * V)) fall below fp16's normal range, so there the softmax is
+    normalized in fp32 before the cast and 1 / n_valid applied to the fp32 results."""
     w = weight.to(compute_dtype)  # the matmuls run in the compute dtype; casts are explicit, so autocast changes nothing
     acc_dtype = torch.promote_types(compute_dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
+    fold_scales = compute_dtype != torch.float16
     n_rows, vocab_size = hidden.shape[0], weight.shape[0]
     valid = targets != ignore_index
     # dividing by at least 1 makes an all-ignored batch give loss 0 and zero gradients, not 0/0 = NaN
     inv_count = 1.0 / valid.sum().clamp(min=1).to(acc_dtype)
     safe_targets = torch.where(valid, targets, 0).unsqueeze(0)  # (1, N): vocabulary rows of the (V, rows) chunks
-    row_factors = (valid * inv_count).unsqueeze(1)  # (N, 1): 1 / n_valid, 0 on ignored rows
-    loss_sum = torch.zeros((), dtype=acc_dtype, device=hidden.device)
+    row_factors = valid * inv_count  # (N,): 1 / n_valid, 0 on ignored rows
+    loss_sum = torch.zeros((), dtype=acc_dtype, device=hidden.device)  # in bits (log base 2) until the end
     grad_hidden = torch.empty_like(hidden) if need_hidden_grad else None
     grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if need_weight_grad else None
     chunk_buffer = torch.empty(min(chunk_size, n_rows) * vocab_size, dtype=acc_dtype, device=hidden.device)
     for start in range(0, n_rows, chunk_size):
         rows = slice(start, start + chunk_size)
-        h = hidden[rows].to(compute_dtype)
+        h = hidden[rows]
+        h_log2e = (h * LOG2E).to(compute_dtype)  # logits in base 2: exp2 of them is exp of the logits
         exp_logits = chunk_buffer[:vocab_size * h.shape[0]].view(vocab_size, h.shape[0])  # contiguous for any rows
         if compute_dtype == acc_dtype:
-            torch.mm(w, h.t(), out=exp_logits)
+            torch.mm(w, h_log2e.t(), out=exp_logits)
         else:
-            exp_logits.copy_(w @ h.t())  # softmax in fp32, as F.cross_entropy does
+            exp_logits.copy_(w @ h_log2e.t())  # softmax in fp32, as F.cross_entropy does
         row_max = exp_logits.amax(0)
         target_logits = exp_logits.gather(0, safe_targets[:, rows]).squeeze(0)
-        exp_logits.sub_(row_max).exp_()
-        sum_exp = exp_logits.sum(0)  # >= 1: the max term is exp(0)
-        loss_sum += torch.where(valid[rows], row_max + sum_exp.log() - target_logits, 0.0).sum()
+        exp_logits.sub_(row_max).exp2_()
+        sum_exp = exp_logits.sum(0)  # >= 1: the max term is 2**0
+        loss_sum += torch.where(valid[rows], row_max + sum_exp.log2() - target_logits, 0.0).sum()
         if grad_hidden is None and grad_weight is None:
             continue
-        minus_ones = torch.full_like(sum_exp, -1.0).unsqueeze(0)
-        g = exp_logits.div_(sum_exp).scatter_add_(0, safe_targets[:, rows], minus_ones).to(compute_dtype)
+        if fold_scales:
+            target_terms, row_scales = sum_exp.neg(), row_factors[rows] / sum_exp
+        else:
+            exp_logits.div_(sum_exp)
+            target_terms, row_scales = torch.full_like(sum_exp, -1.0), row_factors[rows]
+        g = exp_logits.scatter_add_(0, safe_targets[:, rows], target_terms.unsqueeze(0)).to(compute_dtype)
+        row_scales = row_scales.unsqueeze(1)
         if grad_hidden is not None:
-            torch.mul(g.t() @ w, row_factors[rows], out=grad_hidden[rows])  # 1/n in fp32, not in the product's dtype
+            torch.mul(g.t() @ w, row_scales, out=grad_hidden[rows])  # scaled in fp32, not in the product's dtype
         if grad_weight is not None:
-            h_valid = h * valid[rows].unsqueeze(1)  # ignored rows add nothing to the weight gradient
+            # ignored rows (scale 0) add nothing to the weight gradient
+            h_scaled = (h * row_scales if fold_scales else h * valid[rows].unsqueeze(1)).to(compute_dtype)
             if g.dtype == grad_weight.dtype:
-                grad_weight.addmm_(g, h_valid)  # accumulates in place: no (V, d) temporary
+                grad_weight.addmm_(g, h_scaled)  # accumulates in place: no (V, d) temporary
             else:  # low-precision matmuls, fp32 accumulation, in vocabulary blocks: a whole (V, d) product would be
                 for block in range(0, vocab_size, VOCAB_BLOCK):  # another copy of the weight's size
                     vocab = slice(block, block + VOCAB_BLOCK)
-                    grad_weight[vocab].add_(g[vocab] @ h_valid)
+                    grad_weight[vocab].add_(g[vocab] @ h_scaled)
         del g
-    if grad_weight is not None:
+    if grad_weight is not None and not fold_scales:
         grad_weight.mul_(inv_count)
-    return loss_sum * inv_count, grad_hidden, grad_weight
+    return loss_sum * (inv_count * LN2), grad_hidden, grad_weight
 
 
 def _graph_is_kept():
