@@ -5,11 +5,12 @@ needs (scaler, rng_states); a checkpoint without them, e.g. one written by nanoG
 """
 import contextlib
 import os
-import re
 
 import torch
 
 CKPT_NAME = 'ckpt.pt'
+# a save writes .ckpt.pt.<pid>.tmp first: the pid tells a later save whether the writer of a leftover still runs
+TMP_PREFIX, TMP_SUFFIX = f'.{CKPT_NAME}.', '.tmp'
 COMPILE_PREFIX = '_orig_mod.'  # torch.compile's wrapper prefixes parameter names with this; nanoGPT saves them so
 
 
@@ -44,8 +45,9 @@ def remove_stale_temporaries(out_dir):
     if os.name != 'posix':  # os.kill(pid, 0) only probes a process on POSIX; on Windows it would end it
         return
     for name in os.listdir(out_dir):
-        match = re.fullmatch(rf'\.{re.escape(CKPT_NAME)}\.(\d+)\.tmp', name)
-        if match and not _process_is_alive(int(match[1])):  # this process's own: overwritten below
+        pid = name[len(TMP_PREFIX):-len(TMP_SUFFIX)]
+        is_temporary = name.startswith(TMP_PREFIX) and name.endswith(TMP_SUFFIX) and pid.isdigit()
+        if is_temporary and not _process_is_alive(int(pid)):  # this process's own: overwritten below
             with contextlib.suppress(FileNotFoundError):  # another run's cleanup may have got there first
                 os.remove(os.path.join(out_dir, name))
 
@@ -55,7 +57,7 @@ def save_checkpoint(checkpoint, out_dir):
     leaves either the previous ckpt.pt or the new one, never a partial file."""
     os.makedirs(out_dir, exist_ok=True)
     remove_stale_temporaries(out_dir)
-    tmp = os.path.join(out_dir, f'.{CKPT_NAME}.{os.getpid()}.tmp')  # same filesystem, so os.replace is a rename
+    tmp = os.path.join(out_dir, f'{TMP_PREFIX}{os.getpid()}{TMP_SUFFIX}')  # same filesystem, so os.replace is a rename
     try:
         with open(tmp, 'wb') as f:
             torch.save(checkpoint, f)
