@@ -47,6 +47,10 @@ def _compute_dtype(hidden, weight):
         return torch.get_autocast_dtype(device_type)
     return torch.promote_types(hidden.dtype, weight.dtype)
 
+def _scaled(x, factor, dtype):
+    """x * factor, rounded once into `dtype`: no temporary of x's size in x's (fp32) dtype."""
+    return torch.mul(x, factor, out=torch.empty(x.shape, dtype=dtype, device=x.device))
+
 def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
                             need_hidden_grad, need_weight_grad):
     """Mean cross-entropy of (hidden @ weight.T) against targets, chunk by chunk over the rows.
@@ -78,7 +82,7 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
     for start in range(0, n_rows, chunk_size):
         rows = slice(start, start + chunk_size)
         h = hidden[rows]
-        h_log2e = (h * LOG2E).to(compute_dtype)  # logits in base 2: exp2 of them is exp of the logits
+        h_log2e = _scaled(h, LOG2E, compute_dtype)  # logits in base 2: exp2 of them is exp of the logits
         exp_logits = chunk_buffer[:vocab_size * h.shape[0]].view(vocab_size, h.shape[0])  # contiguous for any rows
         if compute_dtype == acc_dtype:
             torch.mm(w, h_log2e.t(), out=exp_logits)
@@ -102,7 +106,7 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
             torch.mul(g.t() @ w, row_scales, out=grad_hidden[rows])  # scaled in fp32, not in the product's dtype
         if grad_weight is not None:
             # ignored rows (scale 0) add nothing to the weight gradient
-            h_scaled = (h * row_scales if fold_scales else h * valid[rows].unsqueeze(1)).to(compute_dtype)
+            h_scaled = _scaled(h, row_scales if fold_scales else valid[rows].unsqueeze(1), compute_dtype)
             if g.dtype == grad_weight.dtype:
                 grad_weight.addmm_(g, h_scaled)  # accumulates in place: no (V, d) temporary
             else:  # low-precision matmuls, fp32 accumulation, in vocabulary blocks: a whole (V, d) product would be
