@@ -40,7 +40,8 @@ seed = 1337
 # train mode
 burnin_steps = 10
 num_steps = 20
-profile = False # use the torch profiler (traces in ./bench_log) instead of simple timing
+profile = False # train mode: the torch profiler (traces in ./bench_log) instead of simple timing; loss mode: also
+                # split one run of each method into its matmuls and the rest, with torch.profiler
 # loss mode
 loss_rows = '4096,8192' # the N of hidden (N, n_embd) @ weight (vocab_size, n_embd).T, comma-separated
 chunk_size = '0' # chunked_cross_entropy's rows per chunk, comma-separated to compare several; 0 = its default
@@ -156,6 +157,24 @@ def matmuls_alone(h, w, rows):
             grad_weight.addmm_(logits, h_chunk)
 
 
+MATMUL_OPS = ('aten::mm', 'aten::addmm', 'aten::addmm_') # where F.linear, @ and their backward spend their time
+
+
+def matmul_split(forward_backward):
+    """(matmul seconds, other seconds) of one call of forward_backward: the matmuls' self time in torch.profiler
+    (their kernels' time on CUDA), the rest of the wall time being the method's own work."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device_type == 'cuda':
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        forward_backward()
+        wall = time.perf_counter() - t0
+    self_time = 'self_device_time_total' if device_type == 'cuda' else 'self_cpu_time_total'
+    matmul = sum(getattr(e, self_time) for e in prof.key_averages() if e.key in MATMUL_OPS) / 1e6
+    return matmul, wall - matmul
+
+
 def bench_loss():
     def backward_of(loss_fn):
         return lambda h, w, t: loss_fn(h, w, t).backward()
@@ -215,6 +234,11 @@ def bench_loss():
             print(f'{n:>6}  {name:<38} {median:>8.3f}s {median / naive_time:>7.2f}x '
                   f'{min(times[name]) / naive_best:>5.2f}x {peak_mib:>9.1f} '
                   f'{peak_mib - grad_mib:>12.1f}')
+        if profile: # the same machine moment for both parts of a run, so their ratio is steadier than the times
+            for name, run in methods.items():
+                matmul, rest = matmul_split(lambda: forward_backward(run, h, w, t))
+                print(f'{n:>6}  {name:<38} profiled: matmuls {matmul:.3f}s, the rest {rest:.3f}s '
+                      f'({rest / (matmul + rest):.1%})')
 
 
 if mode == 'train':

@@ -42,3 +42,11 @@ def test_loss_mode_has_a_row_per_method_and_the_chunked_peak_is_below_naive():
     assert naive >= 8 and ours < naive / 4
     if hasattr(F, 'linear_cross_entropy'):
         assert peak_mib(result.stdout, 'torch') > 0
+
+
+def test_loss_mode_profile_splits_each_method_into_matmuls_and_the_rest():
+    result = run_script('bench.py', *TINY_LOSS, '--profile=True')
+    assert result.returncode == 0, result.stderr
+    split = [line for line in result.stdout.splitlines() if 'profiled: matmuls ' in line]
+    assert len(split) == (4 if hasattr(F, 'linear_cross_entropy') else 3)
+    assert all(line.startswith('  1024  ') and ', the rest ' in line for line in split)
