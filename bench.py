@@ -74,6 +74,11 @@ ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=de
 synchronize = torch.cuda.synchronize if device_type == 'cuda' else lambda: None
 
 
+def profiler_activities():
+    cuda = [torch.profiler.ProfilerActivity.CUDA] if device_type == 'cuda' else []
+    return [torch.profiler.ProfilerActivity.CPU, *cuda]
+
+
 def bench_train():
     if real_data:
         train_path = os.path.join(data_dir, dataset, 'train.bin')
@@ -115,11 +120,8 @@ def bench_train():
             after_step()
 
     if profile: # docs: https://pytorch.org/docs/stable/profiler.html
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if device_type == 'cuda':
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
         wait, warmup, active = 5, 5, 5
-        with torch.profiler.profile(activities=activities, with_flops=True,
+        with torch.profiler.profile(activities=profiler_activities(), with_flops=True,
                                     schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active),
                                     on_trace_ready=torch.profiler.tensorboard_trace_handler('./bench_log')) as prof:
             train_steps(wait + warmup + active, prof.step)
@@ -163,10 +165,7 @@ MATMUL_OPS = ('aten::mm', 'aten::addmm', 'aten::addmm_') # where F.linear, @ and
 def matmul_split(forward_backward):
     """(matmul seconds, other seconds) of one call of forward_backward: the matmuls' self time in torch.profiler
     (their kernels' time on CUDA), the rest of the wall time being the method's own work."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device_type == 'cuda':
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(activities=profiler_activities()) as prof:
         t0 = time.perf_counter()
         forward_backward()
         wall = time.perf_counter() - t0
