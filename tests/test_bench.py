@@ -1,7 +1,7 @@
 """bench.py: both modes on tiny shapes (seconds), and its one-line error for a missing dataset. No timings."""
 import torch.nn.functional as F
 
-from conftest import run_script
+from helpers import run_script
 
 TINY_TRAIN = ['--device=cpu', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16',
               '--batch_size=2', '--vocab_size=256', '--num_steps=2', '--burnin_steps=1']

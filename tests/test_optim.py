@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, TINY_ARGS, logged_losses, run_script
+from helpers import ROOT, TINY_ARGS, logged_losses, run_script
 
 sys.path.insert(0, str(ROOT))
 import estimate_memory as em  # noqa: E402

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, TINY_ARGS, logged_losses, run_script, write_char_dataset
+from helpers import ROOT, TINY_ARGS, logged_losses, run_script, write_char_dataset
 
 MODES = ('ddp', 'zero1', 'fsdp')
 # one micro-batch per process per iteration at world size 2, two in one process: the same global batch

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from conftest import TEXT, run_script
+from helpers import TEXT, run_script
 
 SEPARATOR = '\n---------------\n'
 

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, TINY_ARGS, logged_losses, run_script, write_char_dataset
+from helpers import ROOT, TINY_ARGS, logged_losses, run_script, write_char_dataset
 
 sys.path.insert(0, str(ROOT))
 from checkpoint import save_checkpoint  # noqa: E402
