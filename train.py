@@ -27,6 +27,7 @@ import os
 # so it is set before torch is imported. A configuration of the user's own wins.
 if 'PYTORCH_CUDA_ALLOC_CONF' not in os.environ and 'PYTORCH_ALLOC_CONF' not in os.environ:
     os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'
+import gc
 import sys
 import time
 import math
@@ -513,4 +514,9 @@ except torch.OutOfMemoryError:
 
 if ddp:
     dist.barrier() # no rank tears its process group down while another still has a collective in flight
+    # The models and the optimizer hold the process group (DDP's and fsdp's hooks, ZeRO): freed first, it is destroyed
+    # here, its gloo threads joined while Python is alive. Left to interpreter exit, a thread still releasing a
+    # finished collective's tensors needs the GIL of an interpreter being torn down, and the process aborts.
+    model = raw_model = optimizer = None
+    gc.collect()
     dist.destroy_process_group()
