@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 
 import configurator
-from configurator import ConfigError, fail
-from memory_tracer import MemoryTracer
 from model import GPTConfig, GPT, chunked_cross_entropy, default_chunk_size
+from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
+from training.errors import ConfigError, fail
+from training.memory.tracer import MemoryTracer
 
 # -----------------------------------------------------------------------------
 mode = 'train' # 'train': time training iterations; 'loss': time and memory of the loss path alone
@@ -47,14 +48,14 @@ loss_rows = '4096,8192' # the N of hidden (N, n_embd) @ weight (vocab_size, n_em
 chunk_size = '0' # chunked_cross_entropy's rows per chunk, comma-separated to compare several; 0 = its default
 loss_runs = 5 # timed forward+backward runs per method and N, after one warm-up; the median is reported
 # system
-device = 'cuda' if torch.cuda.is_available() else 'cpu'
-dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device == 'cuda' else 'float32'
+device = default_device()
+dtype = default_dtype(device)
 compile = device == 'cuda' # torch.compile the model (train mode)
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 try:
     config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
-    device_type = configurator.check_device(config['device'], config['dtype'])
+    device_type = check_device(config['device'], config['dtype'])
     if config['mode'] not in ('train', 'loss'):
         raise ConfigError(f"unknown mode {config['mode']!r}: use 'train' or 'loss'")
     try:
@@ -69,7 +70,7 @@ globals().update(config)
 # -----------------------------------------------------------------------------
 
 torch.manual_seed(seed)
-ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+ptdtype = TORCH_DTYPES[dtype]
 ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 synchronize = torch.cuda.synchronize if device_type == 'cuda' else lambda: None
 

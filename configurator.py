@@ -15,31 +15,22 @@ import difflib
 import os
 import sys
 
-import torch
+from training.errors import ConfigError
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
 DEFAULTS_BEGIN = '# --- config defaults ---'
 DEFAULTS_END = '# --- end config defaults ---'
 CONFIG_TYPES = (int, float, bool, str, type(None))
-DTYPES = ('float32', 'bfloat16', 'float16')
-
-
-class ConfigError(ValueError):
-    """A configuration the user can fix; str(e) is the one-line message."""
-
-
-def fail(message):
-    """The scripts' single exit for bad input: one line on stderr, exit status 2, no traceback."""
-    print(f'error: {message}', file=sys.stderr)
-    sys.exit(2)
 
 
 def train_defaults():
-    """train.py's config keys and defaults, read from its block between DEFAULTS_BEGIN and DEFAULTS_END."""
+    """train.py's config keys and defaults, for the tools that take its configs (estimate_memory.py): the block of
+    train.py between DEFAULTS_BEGIN and DEFAULTS_END, run on its own. train.py keeps its defaults in place, as in
+    nanoGPT, where a researcher edits them; the block holds assignments and the one import they need."""
     with open(TRAIN_PY, encoding='utf-8') as f:
         source = f.read()
     block = source[source.index(DEFAULTS_BEGIN):source.index(DEFAULTS_END)]
-    namespace = {'torch': torch}
+    namespace = {}
     exec(block, namespace)
     return {k: v for k, v in namespace.items() if not k.startswith('_') and isinstance(v, CONFIG_TYPES)}
 
@@ -124,31 +115,3 @@ def load_config(defaults, argv):
             print(f'Overriding config with {arg}:')
             config.update(run_config_file(arg, config))
     return config
-
-
-def check_device(device, dtype):
-    """A ConfigError if `device` or `dtype` is unknown or cannot work on this machine; else the device type."""
-    if dtype not in DTYPES:
-        raise ConfigError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    try:
-        device_type = torch.device(device).type
-    except RuntimeError:
-        raise ConfigError(f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' or 'mps'") from None
-    if device_type == 'cuda':
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device={device!r} but CUDA is not available here (torch {torch.__version__}, "
-                              f"no usable GPU): use --device=cpu")
-        index = torch.device(device).index
-        if index is not None and index >= torch.cuda.device_count():
-            raise ConfigError(f'device={device!r} but this machine has {torch.cuda.device_count()} CUDA device(s)')
-        if dtype == 'bfloat16' and not torch.cuda.is_bf16_supported():
-            raise ConfigError('dtype=bfloat16 is not supported by this GPU: use --dtype=float16')
-    elif device_type == 'mps':
-        if not torch.backends.mps.is_available():
-            raise ConfigError(f'device={device!r} but MPS is not available here: use --device=cpu')
-    elif device_type != 'cpu':
-        raise ConfigError(f"unsupported device {device!r}: use 'cpu', 'cuda', 'cuda:N' or 'mps'")
-    if device_type == 'cpu' and dtype == 'float16':
-        raise ConfigError('dtype=float16 needs CUDA (its GradScaler is CUDA only): on cpu use --dtype=float32 '
-                          'or --dtype=bfloat16')
-    return device_type

@@ -1,11 +1,12 @@
 """
-Full definition of a GPT Language Model, all of it in this single file.
+Full definition of a GPT Language Model, all of it in this single file (it needs only torch: copy it anywhere).
 Same modules, parameter names, init and API as nanoGPT's model.py, so nanoGPT checkpoints load as they are.
 
 The one difference: the loss. nanoGPT computes `lm_head(x)` for every position, a (B*T, vocab) logits tensor
 (batch 64 x block 1024 x 50304 in bf16 is 6.14 GiB, plus fp32 copies in cross-entropy), which is what runs
-12 GB cards out of memory. Here the loss goes through `chunked_cross_entropy`, which fuses the vocabulary
-projection with cross-entropy over row chunks, so those logits never exist, in training or in evaluation.
+12 GB cards out of memory. Here the loss goes through `chunked_cross_entropy` (the second half of this file), which
+fuses the vocabulary projection with cross-entropy over row chunks, so those logits never exist, in training or in
+evaluation.
 
 References:
 1) the official GPT-2 TensorFlow implementation released by OpenAI:
@@ -14,6 +15,7 @@ https://github.com/openai/gpt-2/blob/master/src/model.py
 https://github.com/huggingface/transformers/blob/main/src/transformers/models/gpt2/modeling_gpt2.py
 """
 
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -22,16 +24,302 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-import optim as optim_lib
+class LayerNorm(nn.Module):
+    """ LayerNorm but with an optional bias. PyTorch doesn't support simply bias=False """
+
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, input):
+        return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        # key, query, value projections for all heads, but in a batch
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        # output projection
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        # regularization
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+
+    def forward(self, x):
+        B, T, C = x.size() # batch size, sequence length, embedding dimensionality (n_embd)
+        # calculate query, key, values for all heads in batch and move head forward to be the batch dim
+        q, k, v  = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
+        # causal self-attention; flash attention where the hardware has it, never a (T, T) matrix in memory there
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C) # re-assemble all head outputs side by side
+        # output projection
+        y = self.resid_dropout(self.c_proj(y))
+        return y
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc    = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu    = nn.GELU()
+        self.c_proj  = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        x = self.c_fc(x)
+        x = self.gelu(x)
+        x = self.c_proj(x)
+        x = self.dropout(x)
+        return x
+
+class Block(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304 # GPT-2 vocab_size of 50257, padded up to nearest multiple of 64 for efficiency
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True # True: bias in Linears and LayerNorms, like GPT-2. False: a bit better and faster
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        assert config.vocab_size is not None
+        assert config.block_size is not None
+        self.config = config
+        # Run-time switches, not GPTConfig fields, so checkpoints' model_args stay nanoGPT's. Activation checkpointing
+        # recomputes each block in backward instead of keeping its activations: about one extra forward pass for
+        # the activation memory of all but one block. The loss function is swapped by tools that compare it with
+        # nanoGPT's full-logits loss or count its memory (bench.py, estimate_memory.py).
+        self.activation_checkpointing = False
+        self.loss_fn = chunked_cross_entropy
+
+        self.transformer = nn.ModuleDict(dict(
+            wte = nn.Embedding(config.vocab_size, config.n_embd),
+            wpe = nn.Embedding(config.block_size, config.n_embd),
+            drop = nn.Dropout(config.dropout),
+            h = nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f = LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight # https://paperswithcode.com/method/weight-tying
+
+        # init all weights
+        self.apply(self._init_weights)
+        # apply special scaled init to the residual projections, per GPT-2 paper
+        for pn, p in self.named_parameters():
+            if pn.endswith('c_proj.weight'):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02/math.sqrt(2 * config.n_layer))
+
+    def get_num_params(self, non_embedding=True):
+        """
+        Return the number of parameters in the model.
+        For non-embedding count (default), the position embeddings get subtracted.
+        The token embeddings would too, except due to the parameter sharing these
+        params are actually used as weights in the final layer, so we include them.
+        """
+        n_params = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n_params -= self.transformer.wpe.weight.numel()
+        return n_params
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx, targets=None):
+        """Returns (logits, loss).
+        With targets: (None, loss). loss is the mean cross-entropy over targets != -1, computed by
+        chunked_cross_entropy without building the (B, T, vocab) logits; nanoGPT returned those logits here,
+        and no caller of the training or evaluation loss uses them. Call with targets=None for logits.
+        Without targets: (logits of the last position, shape (B, 1, vocab), None), as nanoGPT does."""
+        device = idx.device
+        b, t = idx.size()
+        assert t <= self.config.block_size, f"Cannot forward sequence of length {t}, block size is only {self.config.block_size}"
+        pos = torch.arange(0, t, dtype=torch.long, device=device) # shape (t)
+
+        # forward the GPT model itself
+        tok_emb = self.transformer.wte(idx) # token embeddings of shape (b, t, n_embd)
+        pos_emb = self.transformer.wpe(pos) # position embeddings of shape (t, n_embd)
+        x = self.transformer.drop(tok_emb + pos_emb)
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
+        for block in self.transformer.h:
+            # non-reentrant checkpointing: works with torch.compile and DDP, and restores the RNG for dropout
+            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
+        x = self.transformer.ln_f(x)
+
+        if targets is not None:
+            loss = self.loss_fn(x.view(b * t, -1), self.lm_head.weight, targets.view(-1), ignore_index=-1)
+            return None, loss
+        # inference-time mini-optimization: only forward the lm_head on the very last position
+        logits = self.lm_head(x[:, [-1], :]) # note: using list [-1] to preserve the time dim
+        return logits, None
+
+    def crop_block_size(self, block_size):
+        # model surgery to decrease the block size if necessary
+        # e.g. we may load the GPT2 pretrained model checkpoint (block size 1024)
+        # but want to use a smaller block size for some smaller, simpler model
+        assert block_size <= self.config.block_size
+        self.config.block_size = block_size
+        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+
+    # GPT-2 sizes, as published by OpenAI
+    PRETRAINED_ARGS = {
+        'gpt2':         dict(n_layer=12, n_head=12, n_embd=768),  # 124M params
+        'gpt2-medium':  dict(n_layer=24, n_head=16, n_embd=1024), # 350M params
+        'gpt2-large':   dict(n_layer=36, n_head=20, n_embd=1280), # 774M params
+        'gpt2-xl':      dict(n_layer=48, n_head=25, n_embd=1600), # 1558M params
+    }
+
+    @classmethod
+    def pretrained_config(cls, model_type, override_args=None):
+        """The GPTConfig of an OpenAI GPT-2 checkpoint (vocab 50257, block 1024, bias), without downloading it."""
+        assert model_type in cls.PRETRAINED_ARGS, f"unknown model_type {model_type!r}: pick one of {list(cls.PRETRAINED_ARGS)}"
+        override_args = override_args or {} # default to empty dict
+        # only dropout can be overridden see more notes below
+        assert all(k == 'dropout' for k in override_args)
+        config_args = dict(cls.PRETRAINED_ARGS[model_type], vocab_size=50257, block_size=1024, bias=True)
+        if 'dropout' in override_args:
+            print(f"overriding dropout rate to {override_args['dropout']}")
+            config_args['dropout'] = override_args['dropout']
+        return GPTConfig(**config_args)
+
+    @classmethod
+    def from_pretrained(cls, model_type, override_args=None):
+        config = cls.pretrained_config(model_type, override_args)
+        from transformers import GPT2LMHeadModel  # only needed here: imported lazily
+        print("loading weights from pretrained gpt: %s" % model_type)
+        return cls.from_hf_model(GPT2LMHeadModel.from_pretrained(model_type), config)
+
+    @classmethod
+    def from_hf_model(cls, model_hf, config):
+        """A GPT with the weights of a Hugging Face GPT2LMHeadModel of the same shape."""
+        model = GPT(config)
+        sd = model.state_dict()
+        sd_keys = [k for k in sd.keys() if not k.endswith('.attn.bias')] # discard this mask / buffer, not a param
+
+        sd_hf = model_hf.state_dict()
+        # copy while ensuring all of the parameters are aligned and match in names and shapes
+        sd_keys_hf = [k for k in sd_hf.keys() if not k.endswith(('.attn.masked_bias', '.attn.bias'))] # buffers
+        transposed = ['attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight']
+        # basically the openai checkpoints use a "Conv1D" module, but we only want to use a vanilla Linear
+        # this means that we have to transpose these weights when we import them
+        assert len(sd_keys_hf) == len(sd_keys), f"mismatched keys: {len(sd_keys_hf)} != {len(sd_keys)}"
+        for k in sd_keys_hf:
+            with torch.no_grad():
+                if any(k.endswith(w) for w in transposed):
+                    assert sd_hf[k].shape[::-1] == sd[k].shape
+                    sd[k].copy_(sd_hf[k].t())
+                else:
+                    assert sd_hf[k].shape == sd[k].shape
+                    sd[k].copy_(sd_hf[k])
+        return model
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optimizer_class=None):
+        # start with all of the candidate parameters
+        param_dict = {pn: p for pn, p in self.named_parameters()}
+        # filter out those that do not require grad
+        param_dict = {pn: p for pn, p in param_dict.items() if p.requires_grad}
+        # create optim groups. Any parameters that is 2D will be weight decayed, otherwise no.
+        # i.e. all weight tensors in matmuls + embeddings decay, all biases and layernorms don't.
+        decay_params = [p for n, p in param_dict.items() if p.dim() >= 2]
+        nodecay_params = [p for n, p in param_dict.items() if p.dim() < 2]
+        optim_groups = [
+            {'params': decay_params, 'weight_decay': weight_decay},
+            {'params': nodecay_params, 'weight_decay': 0.0}
+        ]
+        num_decay_params = sum(p.numel() for p in decay_params)
+        num_nodecay_params = sum(p.numel() for p in nodecay_params)
+        print(f"num decayed parameter tensors: {len(decay_params)}, with {num_decay_params:,} parameters")
+        print(f"num non-decayed parameter tensors: {len(nodecay_params)}, with {num_nodecay_params:,} parameters")
+        if optimizer_class is not None: # an AdamW of the same arguments, e.g. one that keeps its moments in less memory
+            return optimizer_class(optim_groups, lr=learning_rate, betas=betas)
+        # Create AdamW optimizer and use the fused version if it is available
+        fused_available = 'fused' in inspect.signature(torch.optim.AdamW).parameters
+        use_fused = fused_available and device_type == 'cuda'
+        extra_args = dict(fused=True) if use_fused else dict()
+        optimizer = torch.optim.AdamW(optim_groups, lr=learning_rate, betas=betas, **extra_args)
+        print(f"using fused AdamW: {use_fused}")
+
+        return optimizer
+
+    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised=312e12):
+        """ estimate model flops utilization (MFU) in units of the device's peak FLOPS (nanoGPT's: an A100's bf16) """
+        # first estimate the number of flops we do per iteration.
+        # see PaLM paper Appendix B as ref: https://arxiv.org/abs/2204.02311
+        N = self.get_num_params()
+        cfg = self.config
+        L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd//cfg.n_head, cfg.block_size
+        flops_per_token = 6*N + 12*L*H*Q*T
+        flops_per_fwdbwd = flops_per_token * T
+        flops_per_iter = flops_per_fwdbwd * fwdbwd_per_iter
+        # express our flops throughput as ratio of the peak flops
+        flops_achieved = flops_per_iter * (1.0/dt) # per second
+        mfu = flops_achieved / flops_promised
+        return mfu
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """
+        Take a conditioning sequence of indices idx (LongTensor of shape (b,t)) and complete
+        the sequence max_new_tokens times, feeding the predictions back into the model each time.
+        Most likely you'll want to make sure to be in model.eval() mode of operation for this.
+        """
+        for _ in range(max_new_tokens):
+            # if the sequence context is growing too long we must crop it at block_size
+            idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size:]
+            # forward the model to get the logits for the index in the sequence
+            logits, _ = self(idx_cond)
+            # pluck the logits at the final step and scale by desired temperature
+            logits = logits[:, -1, :] / temperature
+            # optionally crop the logits to only the top k options
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float('Inf')
+            # apply softmax to convert logits to (normalized) probabilities
+            probs = F.softmax(logits, dim=-1)
+            # sample from the distribution
+            idx_next = torch.multinomial(probs, num_samples=1)
+            # append sampled index to the running sequence
+            idx = torch.cat((idx, idx_next), dim=1)
+
+        return idx
 
 # -----------------------------------------------------------------------------
-# chunked, fused linear + cross-entropy
+# chunked, fused linear + cross-entropy: the loss of GPT.forward, without the (rows, vocab) logits
 
-# Elements of the one fp32 buffer that holds a chunk's logits (chunk rows x vocab): 19 * 2**20 elements, 76 MiB.
-# With GPT-2's 50304-token vocabulary that is 384 rows a chunk, so at batch 8 x block 1024 the whole loss path,
-# its gradients (V x d and N x d fp32) included, peaks under 256 MiB; the chunk's share stays the same at any batch.
-# Chunks of 384 to 512 rows ran the matmuls about as fast as the naive path's full-size ones on a 2-core CPU
-# (`python bench.py --mode=loss --chunk_size=256,384,512`); 256 rows was slower. Small vocabularies get one chunk.
+# Elements of the one fp32 buffer that holds a chunk's logits (chunk rows x vocab): 19 * 2**20 elements, 76 MiB,
+# 384 rows of GPT-2's 50304-token vocabulary, whatever the batch. Smaller chunks run the matmuls less efficiently,
+# larger ones cost memory without speed (README: the loss path). Small vocabularies get one chunk.
 CHUNK_ELEMENTS = 19 * 2 ** 20
 LOG2E, LN2 = 1 / math.log(2), math.log(2)  # exp(x) = exp2(x * LOG2E), log(x) = log2(x) * LN2
 VOCAB_BLOCK = 8192  # rows of the weight gradient a low-precision product covers at once (12 MiB in bf16 at d=768)
@@ -59,8 +347,8 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
     matmuls of the naive path and nothing is recomputed. The weight gradient accumulates in fp32.
 
     Each chunk's logits are held transposed, (V, rows), in one fp32 buffer allocated once and overwritten in
-    place: the (V, d) @ (d, rows) product ran 14-30% faster on CPU than (rows, d) @ (d, V), and the reductions
-    over V run along contiguous columns. Every pass over that buffer is memory-bound time beyond the matmuls (and
+    place: the (V, d) @ (d, rows) product runs faster on CPU than (rows, d) @ (d, V), and the reductions over V
+    run along contiguous columns. Every pass over that buffer is memory-bound time beyond the matmuls (and
     weighs more on a GPU, whose matmuls are faster), so per-row factors go into the small (rows, d) operands:
     log2(e), so that exp2 (faster than exp on CPU) gives the exponentials, and the softmax's 1 / sum with
     1 / n_valid, so the buffer becomes exp - sum * onehot = sum * (softmax - onehot) and is never divided.
@@ -167,292 +455,3 @@ def chunked_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_siz
         with torch.no_grad():
             return _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, False, False)[0]
     return _LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_size, compute_dtype)
-
-# -----------------------------------------------------------------------------
-# the model, as in nanoGPT
-
-class LayerNorm(nn.Module):
-    """ LayerNorm but with an optional bias. PyTorch doesn't support simply bias=False """
-
-    def __init__(self, ndim, bias):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-
-    def forward(self, input):
-        return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
-
-class CausalSelfAttention(nn.Module):
-
-    def __init__(self, config):
-        super().__init__()
-        assert config.n_embd % config.n_head == 0
-        # key, query, value projections for all heads, but in a batch
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        # output projection
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        # regularization
-        self.attn_dropout = nn.Dropout(config.dropout)
-        self.resid_dropout = nn.Dropout(config.dropout)
-        self.n_head = config.n_head
-        self.n_embd = config.n_embd
-        self.dropout = config.dropout
-
-    def forward(self, x):
-        B, T, C = x.size() # batch size, sequence length, embedding dimensionality (n_embd)
-        # calculate query, key, values for all heads in batch and move head forward to be the batch dim
-        q, k, v  = self.c_attn(x).split(self.n_embd, dim=2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
-        # causal self-attention; flash attention where the hardware has it, never a (T, T) matrix in memory there
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(B, T, C) # re-assemble all head outputs side by side
-        # output projection
-        y = self.resid_dropout(self.c_proj(y))
-        return y
-
-class MLP(nn.Module):
-
-    def __init__(self, config):
-        super().__init__()
-        self.c_fc    = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu    = nn.GELU()
-        self.c_proj  = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x):
-        x = self.c_fc(x)
-        x = self.gelu(x)
-        x = self.c_proj(x)
-        x = self.dropout(x)
-        return x
-
-class Block(nn.Module):
-
-    def __init__(self, config):
-        super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        x = x + self.mlp(self.ln_2(x))
-        return x
-
-@dataclass
-class GPTConfig:
-    block_size: int = 1024
-    vocab_size: int = 50304 # GPT-2 vocab_size of 50257, padded up to nearest multiple of 64 for efficiency
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True # True: bias in Linears and LayerNorms, like GPT-2. False: a bit better and faster
-
-class GPT(nn.Module):
-
-    def __init__(self, config):
-        super().__init__()
-        assert config.vocab_size is not None
-        assert config.block_size is not None
-        self.config = config
-        # Recompute each block's activations in backward instead of keeping them: trades about one extra
-        # forward pass for the activation memory of all but one block. A run-time switch, not a GPTConfig
-        # field, so checkpoints' model_args stay nanoGPT's.
-        self.activation_checkpointing = False
-
-        self.transformer = nn.ModuleDict(dict(
-            wte = nn.Embedding(config.vocab_size, config.n_embd),
-            wpe = nn.Embedding(config.block_size, config.n_embd),
-            drop = nn.Dropout(config.dropout),
-            h = nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f = LayerNorm(config.n_embd, bias=config.bias),
-        ))
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight # https://paperswithcode.com/method/weight-tying
-
-        # init all weights
-        self.apply(self._init_weights)
-        # apply special scaled init to the residual projections, per GPT-2 paper
-        for pn, p in self.named_parameters():
-            if pn.endswith('c_proj.weight'):
-                torch.nn.init.normal_(p, mean=0.0, std=0.02/math.sqrt(2 * config.n_layer))
-
-    def get_num_params(self, non_embedding=True):
-        """
-        Return the number of parameters in the model.
-        For non-embedding count (default), the position embeddings get subtracted.
-        The token embeddings would too, except due to the parameter sharing these
-        params are actually used as weights in the final layer, so we include them.
-        """
-        n_params = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            n_params -= self.transformer.wpe.weight.numel()
-        return n_params
-
-    def _init_weights(self, module):
-        if isinstance(module, nn.Linear):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                torch.nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
-
-    def forward(self, idx, targets=None):
-        """Returns (logits, loss).
-        With targets: (None, loss). loss is the mean cross-entropy over targets != -1, computed by
-        chunked_cross_entropy without building the (B, T, vocab) logits; nanoGPT returned those logits here,
-        and no caller of the training or evaluation loss uses them. Call with targets=None for logits.
-        Without targets: (logits of the last position, shape (B, 1, vocab), None), as nanoGPT does."""
-        device = idx.device
-        b, t = idx.size()
-        assert t <= self.config.block_size, f"Cannot forward sequence of length {t}, block size is only {self.config.block_size}"
-        pos = torch.arange(0, t, dtype=torch.long, device=device) # shape (t)
-
-        # forward the GPT model itself
-        tok_emb = self.transformer.wte(idx) # token embeddings of shape (b, t, n_embd)
-        pos_emb = self.transformer.wpe(pos) # position embeddings of shape (t, n_embd)
-        x = self.transformer.drop(tok_emb + pos_emb)
-        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
-        for block in self.transformer.h:
-            # non-reentrant checkpointing: works with torch.compile and DDP, and restores the RNG for dropout
-            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
-        x = self.transformer.ln_f(x)
-
-        if targets is not None:
-            loss = chunked_cross_entropy(x.view(b * t, -1), self.lm_head.weight, targets.view(-1), ignore_index=-1)
-            return None, loss
-        # inference-time mini-optimization: only forward the lm_head on the very last position
-        logits = self.lm_head(x[:, [-1], :]) # note: using list [-1] to preserve the time dim
-        return logits, None
-
-    def crop_block_size(self, block_size):
-        # model surgery to decrease the block size if necessary
-        # e.g. we may load the GPT2 pretrained model checkpoint (block size 1024)
-        # but want to use a smaller block size for some smaller, simpler model
-        assert block_size <= self.config.block_size
-        self.config.block_size = block_size
-        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
-
-    # GPT-2 sizes, as published by OpenAI
-    PRETRAINED_ARGS = {
-        'gpt2':         dict(n_layer=12, n_head=12, n_embd=768),  # 124M params
-        'gpt2-medium':  dict(n_layer=24, n_head=16, n_embd=1024), # 350M params
-        'gpt2-large':   dict(n_layer=36, n_head=20, n_embd=1280), # 774M params
-        'gpt2-xl':      dict(n_layer=48, n_head=25, n_embd=1600), # 1558M params
-    }
-
-    @classmethod
-    def pretrained_config(cls, model_type, override_args=None):
-        """The GPTConfig of an OpenAI GPT-2 checkpoint (vocab 50257, block 1024, bias), without downloading it."""
-        assert model_type in cls.PRETRAINED_ARGS, f"unknown model_type {model_type!r}: pick one of {list(cls.PRETRAINED_ARGS)}"
-        override_args = override_args or {} # default to empty dict
-        # only dropout can be overridden see more notes below
-        assert all(k == 'dropout' for k in override_args)
-        config_args = dict(cls.PRETRAINED_ARGS[model_type], vocab_size=50257, block_size=1024, bias=True)
-        if 'dropout' in override_args:
-            print(f"overriding dropout rate to {override_args['dropout']}")
-            config_args['dropout'] = override_args['dropout']
-        return GPTConfig(**config_args)
-
-    @classmethod
-    def from_pretrained(cls, model_type, override_args=None):
-        config = cls.pretrained_config(model_type, override_args)
-        from transformers import GPT2LMHeadModel  # only needed here: imported lazily
-        print("loading weights from pretrained gpt: %s" % model_type)
-        return cls.from_hf_model(GPT2LMHeadModel.from_pretrained(model_type), config)
-
-    @classmethod
-    def from_hf_model(cls, model_hf, config):
-        """A GPT with the weights of a Hugging Face GPT2LMHeadModel of the same shape."""
-        model = GPT(config)
-        sd = model.state_dict()
-        sd_keys = [k for k in sd.keys() if not k.endswith('.attn.bias')] # discard this mask / buffer, not a param
-
-        sd_hf = model_hf.state_dict()
-        # copy while ensuring all of the parameters are aligned and match in names and shapes
-        sd_keys_hf = [k for k in sd_hf.keys() if not k.endswith(('.attn.masked_bias', '.attn.bias'))] # buffers
-        transposed = ['attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight']
-        # basically the openai checkpoints use a "Conv1D" module, but we only want to use a vanilla Linear
-        # this means that we have to transpose these weights when we import them
-        assert len(sd_keys_hf) == len(sd_keys), f"mismatched keys: {len(sd_keys_hf)} != {len(sd_keys)}"
-        for k in sd_keys_hf:
-            with torch.no_grad():
-                if any(k.endswith(w) for w in transposed):
-                    assert sd_hf[k].shape[::-1] == sd[k].shape
-                    sd[k].copy_(sd_hf[k].t())
-                else:
-                    assert sd_hf[k].shape == sd[k].shape
-                    sd[k].copy_(sd_hf[k])
-        return model
-
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optim='adamw'):
-        # start with all of the candidate parameters
-        param_dict = {pn: p for pn, p in self.named_parameters()}
-        # filter out those that do not require grad
-        param_dict = {pn: p for pn, p in param_dict.items() if p.requires_grad}
-        # create optim groups. Any parameters that is 2D will be weight decayed, otherwise no.
-        # i.e. all weight tensors in matmuls + embeddings decay, all biases and layernorms don't.
-        decay_params = [p for n, p in param_dict.items() if p.dim() >= 2]
-        nodecay_params = [p for n, p in param_dict.items() if p.dim() < 2]
-        optim_groups = [
-            {'params': decay_params, 'weight_decay': weight_decay},
-            {'params': nodecay_params, 'weight_decay': 0.0}
-        ]
-        num_decay_params = sum(p.numel() for p in decay_params)
-        num_nodecay_params = sum(p.numel() for p in nodecay_params)
-        print(f"num decayed parameter tensors: {len(decay_params)}, with {num_decay_params:,} parameters")
-        print(f"num non-decayed parameter tensors: {len(nodecay_params)}, with {num_nodecay_params:,} parameters")
-        # Create the AdamW optimizer `optim` (optim.py: 'adamw' is torch's, fused on CUDA; 'adamw_bf16' and
-        # 'adamw_8bit' keep its moments in less memory)
-        optimizer_class, extra_args = optim_lib.optimizer_class(optim, device_type)
-        optimizer = optimizer_class(optim_groups, lr=learning_rate, betas=betas, **extra_args)
-        print(f"using fused AdamW: {extra_args.get('fused', False)}" if optim == 'adamw' else f"using {optim}")
-
-        return optimizer
-
-    def estimate_mfu(self, fwdbwd_per_iter, dt):
-        """ estimate model flops utilization (MFU) in units of A100 bfloat16 peak FLOPS """
-        # first estimate the number of flops we do per iteration.
-        # see PaLM paper Appendix B as ref: https://arxiv.org/abs/2204.02311
-        N = self.get_num_params()
-        cfg = self.config
-        L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd//cfg.n_head, cfg.block_size
-        flops_per_token = 6*N + 12*L*H*Q*T
-        flops_per_fwdbwd = flops_per_token * T
-        flops_per_iter = flops_per_fwdbwd * fwdbwd_per_iter
-        # express our flops throughput as ratio of A100 bfloat16 peak flops
-        flops_achieved = flops_per_iter * (1.0/dt) # per second
-        flops_promised = 312e12 # A100 GPU bfloat16 peak flops is 312 TFLOPS
-        mfu = flops_achieved / flops_promised
-        return mfu
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """
-        Take a conditioning sequence of indices idx (LongTensor of shape (b,t)) and complete
-        the sequence max_new_tokens times, feeding the predictions back into the model each time.
-        Most likely you'll want to make sure to be in model.eval() mode of operation for this.
-        """
-        for _ in range(max_new_tokens):
-            # if the sequence context is growing too long we must crop it at block_size
-            idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size:]
-            # forward the model to get the logits for the index in the sequence
-            logits, _ = self(idx_cond)
-            # pluck the logits at the final step and scale by desired temperature
-            logits = logits[:, -1, :] / temperature
-            # optionally crop the logits to only the top k options
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float('Inf')
-            # apply softmax to convert logits to (normalized) probabilities
-            probs = F.softmax(logits, dim=-1)
-            # sample from the distribution
-            idx_next = torch.multinomial(probs, num_samples=1)
-            # append sampled index to the running sequence
-            idx = torch.cat((idx, idx_next), dim=1)
-
-        return idx

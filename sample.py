@@ -14,13 +14,13 @@ from contextlib import nullcontext
 import torch
 
 import configurator
-from configurator import ConfigError, fail
-from checkpoint import CheckpointError, first_line, load_checkpoint, load_model_state
 from model import GPTConfig, GPT
-from prepare.common import PrepareError, get_encoding
+from prepare.common import get_encoding
+from training.checkpoint import load_checkpoint, load_model_state
+from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
+from training.errors import ConfigError, fail, first_line
 
 # -----------------------------------------------------------------------------
-system = configurator.train_defaults() # device and dtype default as in train.py: the GPU if there is one
 defaults = dict(
     init_from='resume', # either 'resume' (from an out_dir) or a gpt2 variant (e.g. 'gpt2-xl')
     out_dir='out', # ignored if init_from is not 'resume'
@@ -30,13 +30,13 @@ defaults = dict(
     temperature=0.8, # 1.0 = no change, < 1.0 = less random, > 1.0 = more random, in predictions
     top_k=200, # retain only the top_k most likely tokens, clamp others to have 0 probability
     seed=1337,
-    device=system['device'], # examples: 'cpu', 'cuda', 'cuda:0', 'cuda:1', etc.
-    dtype=system['dtype'], # 'float32' or 'bfloat16' or 'float16'
+    device=default_device(), # examples: 'cpu', 'cuda', 'cuda:0', 'cuda:1', etc. (the GPU if there is one)
+    dtype=default_dtype(default_device()), # 'float32' or 'bfloat16' or 'float16', as train.py's default
     compile=False, # use PyTorch 2.0 to compile the model to be faster
 )
 try:
     config = configurator.load_config(defaults, sys.argv[1:])
-    device_type = configurator.check_device(config['device'], config['dtype'])
+    device_type = check_device(config['device'], config['dtype'])
 except ConfigError as e:
     fail(e)
 globals().update(config)
@@ -44,11 +44,14 @@ if temperature <= 0:
     fail(f'temperature must be positive, got {temperature}: lower values sample more greedily')
 if top_k < 1:
     fail(f'top_k must be at least 1, got {top_k}')
+if num_samples < 1 or max_new_tokens < 1:
+    key, value = ('num_samples', num_samples) if num_samples < 1 else ('max_new_tokens', max_new_tokens)
+    fail(f'{key} must be at least 1, got {value}: e.g. --{key}={defaults[key]}')
 # -----------------------------------------------------------------------------
 
 torch.manual_seed(seed)
 torch.cuda.manual_seed(seed)
-ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+ptdtype = TORCH_DTYPES[dtype]
 ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 
 # model
@@ -58,7 +61,7 @@ if init_from == 'resume':
         checkpoint = load_checkpoint(out_dir, device)
         model = GPT(GPTConfig(**checkpoint['model_args']))
         load_model_state(model, checkpoint, out_dir)
-    except CheckpointError as e:
+    except ConfigError as e:
         fail(e)
 elif init_from in GPT.PRETRAINED_ARGS:
     # init from a given GPT-2 model
@@ -109,7 +112,7 @@ else:
     print("No meta.pkl found, assuming GPT-2 encodings...")
     try:
         enc = get_encoding('gpt2')
-    except PrepareError as e:
+    except ConfigError as e:
         fail(e)
     encode = lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})
     decode = lambda l: enc.decode(l)

@@ -20,7 +20,8 @@ Two processes on CPU (gloo): torchrun --standalone --nproc_per_node=2 train.py .
 nanoGPT's train.py, with its keys, log lines and ckpt.pt (README.md lists the differences). Two that shape the code:
 batches are a function of (seed, iteration, global micro-step), where rank r of world W at micro-step m reads
 global micro-step m*W + r, so the data depends neither on the world size nor on restarts; and the logged `iter` loss
-is the mean over all micro-batches of all ranks (nanoGPT: the master's last micro-batch).
+is the mean over all micro-batches of all ranks (nanoGPT: the master's last micro-batch). The support code (checks,
+checkpoints, optimizers, parallelism, memory) lives in training/, one concern a module.
 """
 import os
 # expandable segments make fragmentation-driven OOMs rarer; the allocator reads this when CUDA first starts,
@@ -31,7 +32,6 @@ import gc
 import sys
 import time
 import math
-import pickle
 import datetime
 from contextlib import nullcontext
 
@@ -41,15 +41,24 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
-from configurator import ConfigError, fail
-from checkpoint import CheckpointError, checkpoint_path, first_line, load_checkpoint, load_model_state, save_checkpoint
-from memory_advice import cuda_memory_stats, oom_advice
 from model import GPTConfig, GPT
-from parallel import (PARALLELISMS, fsdp_param_dtype, full_state_dicts, load_optimizer_state, set_gradient_sync,
-                      shard_model, shard_optimizer_state)
+from training import rules
+from training.checkpoint import checkpoint_path, load_checkpoint, load_model_state, save_checkpoint
+from training.device import TORCH_DTYPES, check_device, peak_flops
+from training.errors import ConfigError, fail, first_line
+from training.memory.advice import cuda_memory_stats, oom_advice
+from training.optim import build_optimizer
+from training.paths import check_writable_dir
+from training.parallel import (collective_failure, exit_with_launcher, fsdp_param_dtype, full_state_dicts,
+                               load_optimizer_state, set_gradient_sync, shard_model, shard_optimizer_state)
+from training.schedule import cosine_lr
+
+if int(os.environ.get('RANK', 0)) != 0:
+    sys.stdout = open(os.devnull, 'w') # under torchrun rank 0 prints for all: the same config, model and log lines
 
 # -----------------------------------------------------------------------------
-# --- config defaults ---
+# --- config defaults --- (estimate_memory.py reads the keys and defaults of this block: configurator.train_defaults)
+from training.device import default_device, default_dtype
 # default config values designed to train a gpt2 (124M) on OpenWebText
 # I/O
 out_dir = 'out'
@@ -86,7 +95,7 @@ weight_decay = 1e-1
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0 # clip gradients at this value, or disable if == 0.0
-optim = 'adamw' # 'adamw' (fp32 moments), 'adamw_bf16' (bf16 moments) or 'adamw_8bit' (torchao's 8-bit): optim.py
+optim = 'adamw' # 'adamw' (fp32 moments), 'adamw_bf16' (bf16 moments) or 'adamw_8bit' (torchao's 8-bit): training/optim.py
 optimizer_in_backward = False # update each parameter in backward and free its gradient: needs accumulation 1, no clip
 # learning rate decay settings
 decay_lr = True # whether to decay the learning rate
@@ -94,101 +103,57 @@ warmup_iters = 2000 # how many steps to warm up for
 lr_decay_iters = 600000 # should be ~= max_iters per Chinchilla
 min_lr = 6e-5 # minimum learning rate, should be ~= learning_rate/10 per Chinchilla
 # system
-device = 'cuda' if torch.cuda.is_available() else 'cpu' # examples: 'cpu', 'cuda', 'cuda:0', 'cuda:1' or 'mps'
+device = default_device() # 'cuda' if there is a GPU, else 'cpu'; examples: 'cpu', 'cuda', 'cuda:0', 'cuda:1' or 'mps'
 # 'float32', 'bfloat16', or 'float16', the latter will auto implement a GradScaler
-dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device == 'cuda' else 'float32'
+dtype = default_dtype(device) # bfloat16 on GPUs that have it, float16 on older ones, float32 off CUDA
 compile = device == 'cuda' # use PyTorch 2.0 to compile the model to be faster (Triton kernels: CUDA only)
 # DDP settings
 backend = 'nccl' if device == 'cuda' else 'gloo' # 'nccl', 'gloo', etc.
 parallelism = 'ddp' # under torchrun: 'ddp' replicates the training state, 'zero1' shards AdamW's, 'fsdp' all of it
 fsdp_mixed_precision = False # fsdp: gather weights in dtype (bf16/fp16), half the traffic and gathered memory
+timeout = 600 # seconds a process waits for the others in a collective before it stops with an error
 # --- end config defaults ---
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
-try:
-    config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
-    device_type = configurator.check_device(config['device'], config['dtype'])
-except ConfigError as e:
-    fail(e)
-globals().update(config)
-# -----------------------------------------------------------------------------
-
-# everything is checked before anything is created or written: bad input fails here, with one line
 ddp = int(os.environ.get('RANK', -1)) != -1 # is this a ddp run?
 ddp_rank = int(os.environ['RANK']) if ddp else 0
 ddp_local_rank = int(os.environ['LOCAL_RANK']) if ddp else 0
 ddp_world_size = int(os.environ['WORLD_SIZE']) if ddp else 1
 master_process = ddp_rank == 0 # this process will do logging, checkpointing etc.
-for key in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval', 'log_interval'):
-    if config[key] < 1:
-        fail(f'{key} must be at least 1, got {config[key]}')
-if eval_batch_size < 0:
-    fail(f'eval_batch_size must be at least 1, or 0 for batch_size; got {eval_batch_size}')
-if gradient_accumulation_steps % ddp_world_size != 0:
-    fail(f'gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by the {ddp_world_size} '
-         f'processes (each runs an equal share): use a multiple of {ddp_world_size}')
-if parallelism not in PARALLELISMS:
-    fail(f"unknown parallelism {parallelism!r}: use one of {', '.join(PARALLELISMS)} (README: Multi-GPU)")
+# everything is checked before anything is created or written: bad input fails here, with one line
 try:
-    gather_dtype = fsdp_param_dtype(config)
+    config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
+    device_type = check_device(config['device'], config['dtype'])
+    rules.check_config(config, ddp_world_size, device_type)
+    check_writable_dir(config['out_dir'])
+    rules.check_dataset(config)
+    meta_vocab_size = rules.meta_vocab_size(config)
 except ConfigError as e:
     fail(e)
-if backend == 'nccl' and device_type != 'cuda':
-    fail(f"backend='nccl' needs CUDA: use --backend=gloo with device={device!r}")
-if init_from not in ('scratch', 'resume') and init_from not in GPT.PRETRAINED_ARGS:
-    fail(f"unknown init_from {init_from!r}: use 'scratch', 'resume' or one of {', '.join(GPT.PRETRAINED_ARGS)}")
-if auto_batch_size and device_type != 'cuda':
-    fail(f"auto_batch_size=True sizes the batch for a CUDA card's memory: on {device} set --batch_size yourself")
-if init_from == 'scratch' and n_embd % n_head != 0:
-    fail(f'n_embd={n_embd} must be divisible by n_head={n_head}')
+globals().update(config)
+# -----------------------------------------------------------------------------
+
+if meta_vocab_size is not None:
+    print(f"found vocab_size = {meta_vocab_size} (inside {os.path.join(rules.dataset_path(config), 'meta.pkl')})")
 if wandb_log and master_process:
     try:
         import wandb # imported only when asked for; WANDB_MODE=offline or disabled needs no network
     except ImportError:
         fail('wandb_log=True but wandb is not installed: pip install wandb, or pass --wandb_log=False')
-from optim import OptimizerInBackward, check_config as check_optim_config # optim, optimizer_in_backward
-try:
-    check_optim_config(config, ddp_world_size)
-except ConfigError as e:
-    fail(e)
-
-data_path = os.path.join(data_dir, dataset)
-for split in ('train', 'val'):
-    split_path = os.path.join(data_path, f'{split}.bin')
-    if not os.path.isfile(split_path):
-        prepare_script = os.path.join('prepare', f'{dataset}.py')
-        if os.path.isfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), prepare_script)):
-            fix = f'run `python {prepare_script}' + ('`' if data_dir == 'data' else f' --out_dir {data_path}`')
-        else:
-            fix = 'put nanoGPT-format train.bin and val.bin there (see data/README.md)'
-        fail(f'dataset {dataset!r} is not prepared: {split_path} not found; {fix}')
-    split_tokens = os.path.getsize(split_path) // 2 # uint16 tokens
-    if split_tokens <= block_size:
-        fail(f'block_size={block_size} needs at least {block_size + 1} tokens but {split_path} has '
-             f'{split_tokens}: use a smaller --block_size')
-
-# attempt to derive vocab_size from the dataset
-meta_path = os.path.join(data_path, 'meta.pkl')
-meta_vocab_size = None
-if os.path.exists(meta_path):
-    try:
-        with open(meta_path, 'rb') as f:
-            meta_vocab_size = int(pickle.load(f)['vocab_size'])
-    except Exception as e: # a corrupt or foreign file: whatever failed, the fix is to prepare the dataset again
-        fail(f'cannot read vocab_size from {meta_path} ({first_line(e)}): prepare the dataset again')
-    print(f"found vocab_size = {meta_vocab_size} (inside {meta_path})")
+data_path = rules.dataset_path(config)
 
 if ddp and device_type == 'cuda':
     device = f'cuda:{ddp_local_rank}'
     torch.cuda.set_device(device)
 if auto_batch_size: # the largest micro-batch that estimate_memory.py finds to fit this card, same tokens per step
-    from estimate_memory import pick_batch_size # before the process group: its trace makes one of its own
+    from training.memory.estimate import pick_batch_size # before the process group: its trace makes one of its own
     try:
         batch_size, gradient_accumulation_steps = pick_batch_size(dict(config, world_size=ddp_world_size),
                                                                   torch.cuda.mem_get_info(device)[0])
     except ConfigError as e:
         fail(e)
 if ddp: # before the model: zero1's optimizer and fsdp's sharding need the process group
-    dist.init_process_group(backend=backend)
+    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
+    exit_with_launcher() # should torchrun itself be killed, its workers must not train on
 if auto_batch_size:
     if ddp: # the ranks' free memory can differ a little: all take the master's choice
         choice = [batch_size, gradient_accumulation_steps]
@@ -212,7 +177,7 @@ if device_type == 'cuda': # allow tf32 on matmul and cudnn (torch 2.9 renamed al
     else:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+ptdtype = TORCH_DTYPES[dtype]
 ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 
 def get_batch(split, key, rows):
@@ -242,61 +207,44 @@ def train_batch(it, micro_step):
 iter_num = 0
 best_val_loss = 1e9
 # model init: model_args first, so they are checked before any weights are built, loaded or downloaded
-model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
-                  bias=bias, vocab_size=None, dropout=dropout) # start with model_args from command line
 checkpoint = None
 if init_from == 'scratch':
-    # init a new model from scratch
     print("Initializing a new model from scratch")
-    # determine the vocab size we'll use for from-scratch training
     if meta_vocab_size is None:
         print("defaulting to vocab_size of GPT-2 to 50304 (50257 rounded up for efficiency)")
-    model_args['vocab_size'] = meta_vocab_size if meta_vocab_size is not None else 50304
 elif init_from == 'resume':
     print(f"Resuming training from {out_dir}")
     try:
         checkpoint = load_checkpoint(out_dir, device, required=('optimizer', 'iter_num', 'best_val_loss'))
-    except CheckpointError as e:
+    except ConfigError as e:
         fail(e)
-    # force these config attributes to be equal otherwise we can't even resume training
-    # the rest of the attributes (e.g. dropout) can stay as desired from command line
-    for k in ['n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size']:
-        model_args[k] = checkpoint['model_args'][k]
 else:
     print(f"Initializing from OpenAI GPT-2 weights: {init_from}")
-    pretrained = GPT.pretrained_config(init_from)
-    for k in ['n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size']:
-        model_args[k] = getattr(pretrained, k)
-if block_size > model_args['block_size']:
-    whose = "the resumed model's" if init_from == 'resume' else f"{init_from}'s"
-    fail(f"block_size={block_size} is larger than {whose} {model_args['block_size']}: "
-         f"use --block_size={model_args['block_size']} or less")
-if meta_vocab_size is not None and meta_vocab_size > model_args['vocab_size']:
-    fail(f"{meta_path} has vocab_size {meta_vocab_size} but the model's is {model_args['vocab_size']}: "
-         f"its tokens would index past the embedding; use the dataset the model was trained on")
+try: # the shape is the checkpoint's or OpenAI's, only dropout as configured; block_size and meta.pkl must fit it
+    model_args, crop = rules.model_args(config, meta_vocab_size, checkpoint and checkpoint['model_args'])
+except ConfigError as e:
+    fail(e)
 if init_from in GPT.PRETRAINED_ARGS:
     try:
         model = GPT.from_pretrained(init_from, dict(dropout=dropout)) # only dropout can be overridden
     except Exception as e: # no transformers, no network, no cached weights: the fixes are the same
         fail(f'could not load the {init_from} weights ({first_line(e)}): pip install transformers, and download '
              f'them once with network access (Hugging Face cache)')
-    # crop down the model block size if desired, using model surgery
-    if block_size < model.config.block_size:
-        model.crop_block_size(block_size)
-        model_args['block_size'] = block_size # so that the checkpoint will have the right value
+    if crop is not None: # crop down the model block size if desired, using model surgery
+        model.crop_block_size(crop)
 else:
     model = GPT(GPTConfig(**model_args))
     if checkpoint is not None:
         try:
             load_model_state(model, checkpoint, out_dir)
-        except CheckpointError as e:
+        except ConfigError as e:
             fail(e)
         iter_num = checkpoint['iter_num']
         best_val_loss = float(checkpoint['best_val_loss'])
 model.activation_checkpointing = activation_checkpointing
 model.to(device)
 if ddp and parallelism == 'fsdp':
-    shard_model(model, param_dtype=gather_dtype) # in place: the weights it loaded above are split over the ranks
+    shard_model(model, param_dtype=fsdp_param_dtype(config)) # in place: the weights it loaded above are split over the ranks
 torch.manual_seed(seed + seed_offset) # then each rank its own dropout
 raw_model = model # the plain (or fully_shard-ed) module: saved, and asked for MFU, without DDP's and compile's wrappers
 
@@ -304,9 +252,8 @@ raw_model = model # the plain (or fully_shard-ed) module: saved, and asked for M
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 
 # optimizer
-optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, optim=optim)
-if optimizer_in_backward: # hooks update each parameter as backward finishes its gradient, then free the gradient
-    optimizer = OptimizerInBackward(optimizer) # same update and state_dict; its step() and zero_grad() have no work
+# AdamW (or the `optim` key's); with optimizer_in_backward, stepped by hooks as backward finishes each gradient
+optimizer = build_optimizer(model, config, device_type)
 if ddp and parallelism == 'zero1':
     optimizer = shard_optimizer_state(optimizer) # each rank keeps and steps the AdamW state of its share
 if checkpoint is not None:
@@ -364,20 +311,6 @@ def estimate_loss(it):
     model.train()
     return out
 
-# learning rate decay scheduler (cosine with warmup)
-def get_lr(it):
-    # 1) linear warmup for warmup_iters steps
-    if it < warmup_iters:
-        return learning_rate * (it + 1) / (warmup_iters + 1)
-    # 2) if it > lr_decay_iters, return min learning rate
-    if it > lr_decay_iters:
-        return min_lr
-    # 3) in between, use cosine decay down to min learning rate
-    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
-    assert 0 <= decay_ratio <= 1
-    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) # coeff ranges 0..1
-    return min_lr + coeff * (learning_rate - min_lr)
-
 def rng_states_of_all_ranks():
     """Every rank's torch (and CUDA) RNG state, gathered for the master's checkpoint. All ranks must call it."""
     state = {'torch': torch.get_rng_state(),
@@ -392,8 +325,18 @@ def fail_not_finite(what, value):
     """Stop before a diverged model can be saved; the last good ckpt.pt stays as it is."""
     path = checkpoint_path(out_dir)
     kept = f'{path} keeps the last good state' if os.path.exists(path) else 'no checkpoint was written'
-    fail(f'{what} is {value} at iter {iter_num}: stopping without saving, {kept}; '
-         f'try a lower --learning_rate, --grad_clip=1.0 or --dtype=bfloat16')
+    fixes = [f'a lower --learning_rate (now {learning_rate:g})']
+    if grad_clip == 0.0:
+        fixes.append('--grad_clip=1.0')
+    if dtype == 'float16':
+        fixes.append('--dtype=bfloat16 on a GPU that has it (float16 overflows more easily)')
+    fail(f"{what} is {value} at iter {iter_num}: stopping without saving, {kept}; try {' or '.join(fixes)}")
+
+# MFU is measured against the peak of the device in use, where it is known (training/device.py)
+device_peak = peak_flops(device)
+if device_peak is not None:
+    print(f"mfu: against the {device_peak[1]}'s dense {'bf16' if dtype == 'bfloat16' else 'fp16'} peak, "
+          f"{device_peak[0] / 1e12:g} TFLOPS")
 
 # logging
 if wandb_log and master_process:
@@ -412,7 +355,7 @@ try:
     while True:
 
         # determine and set the learning rate for this iteration
-        lr = get_lr(iter_num) if decay_lr else learning_rate
+        lr = cosine_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters) if decay_lr else learning_rate
         for param_group in optimizer.param_groups:
             param_group['lr'] = lr
 
@@ -431,7 +374,7 @@ try:
                         "train/loss": losses['train'],
                         "val/loss": losses['val'],
                         "lr": lr,
-                        "mfu": running_mfu*100, # convert to percentage
+                        **({"mfu": running_mfu*100} if running_mfu >= 0 else {}), # convert to percentage
                     })
             if (losses['val'] < best_val_loss or always_save_checkpoint) and not eval_only:
                 best_val_loss = losses['val']
@@ -491,14 +434,15 @@ try:
             if not math.isfinite(lossf):
                 fail_not_finite('the training loss', lossf)
             if master_process:
-                if local_iter_num >= 5: # let the training loop settle a bit
-                    mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt)
+                if local_iter_num >= 5 and device_peak is not None: # let the training loop settle a bit
+                    mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, device_peak[0])
                     running_mfu = mfu if running_mfu == -1.0 else 0.9*running_mfu + 0.1*mfu
                 seconds_per_iter = (t1 - t_start) / (local_iter_num + 1)
                 eta = datetime.timedelta(seconds=round(max(max_iters - iter_num, 0) * seconds_per_iter))
                 memory = (f", peak mem {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
                           if device_type == 'cuda' else '')
-                print(f"iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu {running_mfu*100:.2f}%, "
+                mfu_text = f", mfu {running_mfu*100:.2f}%" if running_mfu >= 0 else '' # once measured
+                print(f"iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms{mfu_text}, "
                       f"{tokens_per_iter / dt:,.0f} tok/s, eta {eta}{memory}")
         iter_num += 1
         local_iter_num += 1
@@ -506,14 +450,22 @@ try:
         # termination conditions
         if iter_num > max_iters:
             break
+    if ddp:
+        dist.barrier() # no rank tears its process group down while another still has a collective in flight
 except torch.OutOfMemoryError:
     stats = cuda_memory_stats(device) if device_type == 'cuda' else None
     phase, rows = ('training', batch_size) if raw_model.training else ('evaluation', eval_batch_size or batch_size)
     fail(oom_advice(phase, rows, gradient_accumulation_steps * ddp_world_size, ddp_world_size,
                     activation_checkpointing, stats, fixed_memory if stats else 0))
+except ConfigError as e: # a save that failed, e.g. on a full disk: the last good ckpt.pt is intact
+    fail(e)
+except RuntimeError as e: # another process stopped answering: say which collective waited, once a rank
+    message = collective_failure(e, timeout) if ddp else None
+    if message is None:
+        raise
+    fail(message, every_rank=True)
 
 if ddp:
-    dist.barrier() # no rank tears its process group down while another still has a collective in flight
     # The models and the optimizer hold the process group (DDP's and fsdp's hooks, ZeRO): freed first, it is destroyed
     # here, its gloo threads joined while Python is alive. Left to interpreter exit, a thread still releasing a
     # finished collective's tensors needs the GIL of an interpreter being torn down, and the process aborts.

@@ -10,39 +10,35 @@ import urllib.request
 import numpy as np
 import tiktoken
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from training.errors import ConfigError, fail, first_line
+from training.paths import check_writable_dir
+
 SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
 UINT16_IDS = 2 ** 16  # train.bin/val.bin hold uint16 ids, so a vocabulary may have at most this many tokens
 TRAIN_FRACTION = 0.9  # nanoGPT's shakespeare split: the first 90% of the text trains, the rest validates
 
 
-class PrepareError(Exception):
+class PrepareError(ConfigError):
     """A problem the user can fix; str(e) is the one-line message."""
 
 
 def run_main(main):
-    """Run a script's main(); a PrepareError becomes one line on stderr and exit status 1."""
+    """Run a script's main(); a PrepareError (any ConfigError) becomes one line on stderr and exit status 2."""
     try:
         main()
-    except PrepareError as e:
-        sys.exit(f'error: {e}')
-
-
-def one_line(exc, limit=160):
-    """The first line of an exception's message, shortened, for embedding in a one-line error."""
-    lines = str(exc).strip().splitlines()
-    line = lines[0] if lines else type(exc).__name__
-    return line if len(line) <= limit else line[:limit - 3] + '...'
+    except ConfigError as e:
+        fail(e)
 
 
 def default_out_dir(name):
-    """data/<name>/ next to train.py, whatever the current directory, where `train.py --dataset=<name>` looks."""
-    return os.path.join(REPO_ROOT, 'data', name)
+    """data/<name>/ in the current directory, where `train.py --dataset=<name>` looks: every relative path, in these
+    scripts as in train.py and sample.py, is relative to the current directory."""
+    return os.path.join('data', name)
 
 
 def add_out_dir_arg(parser, name):
     parser.add_argument('--out_dir', default=default_out_dir(name),
-                        help=f'where train.bin/val.bin go (default: data/{name}/ of this repository)')
+                        help=f'where train.bin/val.bin go (default: data/{name}/ in the current directory)')
 
 
 def add_text_args(parser, name):
@@ -69,12 +65,14 @@ def download(url, path):
             with atomic_files(path) as (tmp,), open(tmp, 'wb') as f:
                 shutil.copyfileobj(response, f)
     except (OSError, ValueError) as e:  # URLError, HTTPError and timeouts are OSErrors; a malformed URL is a ValueError
-        raise PrepareError(f'could not download {url} ({one_line(e)}); '
+        raise PrepareError(f'could not download {url} ({first_line(e)}); '
                            f'fetch the file another way and pass --input PATH') from None
 
 
 def read_text(input_path, url, out_dir):
-    """The text of `input_path`, or of out_dir/input.txt, which is downloaded from `url` when absent (as nanoGPT)."""
+    """The text of `input_path`, or of out_dir/input.txt, which is downloaded from `url` when absent (as nanoGPT).
+    Checks first that out_dir can be written, where the outputs will go."""
+    check_writable_dir(out_dir)
     if input_path is None:
         input_path = os.path.join(out_dir, 'input.txt')
         if not os.path.exists(input_path):
@@ -83,7 +81,7 @@ def read_text(input_path, url, out_dir):
         with open(input_path, encoding='utf-8') as f:
             return f.read()
     except (OSError, UnicodeDecodeError) as e:
-        raise PrepareError(f'cannot read {input_path} ({one_line(e)}); '
+        raise PrepareError(f'cannot read {input_path} ({first_line(e)}); '
                            f'pass a UTF-8 text file with --input PATH') from None
 
 
@@ -110,7 +108,7 @@ def get_encoding(name):
     try:
         return tiktoken.get_encoding(name)
     except Exception as e:  # tiktoken downloads its BPE files on first use; whatever fails there, the fix is the cache
-        raise PrepareError(f'could not load the tiktoken {name!r} files ({one_line(e)}); offline, set '
+        raise PrepareError(f'could not load the tiktoken {name!r} files ({first_line(e)}); offline, set '
                            f'TIKTOKEN_CACHE_DIR to a folder holding tiktoken\'s cached {name} files') from None
 
 

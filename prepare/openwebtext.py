@@ -36,7 +36,7 @@ def load_splits(dataset, data_files=None, split='train', test_size=0.0005, num_p
         documents = datasets.load_dataset(dataset, data_files=data_files, split=split, num_proc=num_proc,
                                           cache_dir=cache_dir)
     except Exception as e:  # hub, network, file and format errors all mean this dataset cannot be read as given
-        raise common.PrepareError(f'could not load dataset {dataset!r} split {split!r} ({common.one_line(e)}); '
+        raise common.PrepareError(f'could not load dataset {dataset!r} split {split!r} ({common.first_line(e)}); '
                                   f'to use local files pass --dataset text|json|parquet --data_files PATH') from None
     if len(documents) < 2:
         raise common.PrepareError(f'dataset {dataset!r} split {split!r} has {len(documents)} document(s); '
@@ -111,6 +111,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.num_proc < 1:
         raise common.PrepareError(f'--num_proc {args.num_proc} must be at least 1')
+    common.check_writable_dir(args.out_dir)
     enc = common.get_encoding(args.encoding)
     splits = load_splits(args.dataset, args.data_files, args.split, args.test_size, args.num_proc, args.cache_dir)
     prepare(splits, args.out_dir, enc, args.text_column, args.num_proc)

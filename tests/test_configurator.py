@@ -1,14 +1,15 @@
 """configurator.py: nanoGPT's config files and --key=value overrides, train.py's defaults, and one-line errors."""
+import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-import configurator  # noqa: E402
-from configurator import ConfigError, load_config  # noqa: E402
+import configurator
+from configurator import load_config
+from helpers import ROOT
+from training.device import check_device
+from training.errors import ConfigError
 
 DEFAULTS = {'batch_size': 12, 'learning_rate': 6e-4, 'compile': True, 'dataset': 'openwebtext',
             'wandb_run_name': 'gpt2', 'top_k': None}
@@ -79,17 +80,26 @@ def test_help_lists_keys_with_defaults(capsys):
     assert '--batch_size=12' in out and "--dataset='openwebtext'" in out and '--top_k=None' in out
 
 
-def test_train_defaults_are_train_py_keys():
+# nanoGPT's train.py keys: its config files and checkpoints' config set them, so each must exist here
+NANOGPT_KEYS = {'out_dir', 'eval_interval', 'log_interval', 'eval_iters', 'eval_only', 'always_save_checkpoint',
+                'init_from', 'wandb_log', 'wandb_project', 'wandb_run_name', 'dataset', 'gradient_accumulation_steps',
+                'batch_size', 'block_size', 'n_layer', 'n_head', 'n_embd', 'dropout', 'bias', 'learning_rate',
+                'max_iters', 'weight_decay', 'beta1', 'beta2', 'grad_clip', 'decay_lr', 'warmup_iters',
+                'lr_decay_iters', 'min_lr', 'backend', 'device', 'dtype', 'compile'}
+
+
+def test_train_defaults_are_the_keys_train_py_runs_with():
+    """train_defaults() runs a block of train.py's text; `train.py --help` lists what train.py's configurator takes.
+    A key defined outside the block, or a block that no longer runs on its own, fails here."""
+    listed = subprocess.run([sys.executable, 'train.py', '--help'], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    keys = dict(line.strip()[2:].split('=', 1) for line in listed.stdout.splitlines() if line.startswith('  --'))
     defaults = configurator.train_defaults()
-    contract_keys = {'out_dir', 'eval_interval', 'log_interval', 'eval_iters', 'eval_only', 'always_save_checkpoint',
-                     'init_from', 'wandb_log', 'wandb_project', 'wandb_run_name', 'dataset',
-                     'gradient_accumulation_steps', 'batch_size', 'block_size', 'n_layer', 'n_head', 'n_embd',
-                     'dropout', 'bias', 'learning_rate', 'max_iters', 'weight_decay', 'beta1', 'beta2', 'grad_clip',
-                     'decay_lr', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'backend', 'device', 'dtype', 'compile',
-                     'seed', 'eval_batch_size', 'activation_checkpointing', 'auto_batch_size', 'data_dir', 'optim',
-                     'optimizer_in_backward', 'parallelism', 'fsdp_mixed_precision'}
-    assert set(defaults) == contract_keys
-    assert (defaults['seed'], defaults['eval_batch_size'], defaults['data_dir']) == (1337, 0, 'data')
+    assert keys == {key: repr(value) for key, value in defaults.items()}
+    assert NANOGPT_KEYS <= set(defaults)
+    assert (defaults['seed'], defaults['eval_batch_size'], defaults['data_dir'], defaults['timeout']) == \
+        (1337, 0, 'data', 600)
     assert defaults['activation_checkpointing'] is False and defaults['auto_batch_size'] is False
     assert (defaults['optim'], defaults['optimizer_in_backward'], defaults['parallelism']) == ('adamw', False, 'ddp')
     if not torch.cuda.is_available():
@@ -104,11 +114,11 @@ def test_train_defaults_are_train_py_keys():
 ])
 def test_check_device_errors(device, dtype, match):
     with pytest.raises(ConfigError, match=match):
-        configurator.check_device(device, dtype)
+        check_device(device, dtype)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='needs a machine without CUDA')
 def test_check_device_without_cuda():
     with pytest.raises(ConfigError, match='CUDA is not available'):
-        configurator.check_device('cuda', 'float32')
-    assert configurator.check_device('cpu', 'bfloat16') == 'cpu'  # bf16 autocast on cpu, when asked
+        check_device('cuda', 'float32')
+    assert check_device('cpu', 'bfloat16') == 'cpu'  # bf16 autocast on cpu, when asked

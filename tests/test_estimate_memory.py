@@ -4,19 +4,17 @@ import gc
 import json
 import pickle
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-import estimate_memory as em  # noqa: E402
-from checkpoint import save_checkpoint  # noqa: E402
-from configurator import ConfigError  # noqa: E402
-from model import CHUNK_ELEMENTS, VOCAB_BLOCK  # noqa: E402
+import estimate_memory
+from helpers import ROOT
+from model import CHUNK_ELEMENTS, VOCAB_BLOCK
+from training.checkpoint import save_checkpoint
+from training.errors import ConfigError
+from training.memory import estimate as em
 
 GIB = 2 ** 30
 CARD_PRESETS = sorted((ROOT / 'config').glob('*_[0-9]*gb.py'))  # each named for its card: *_12gb.py, *_24gb.py
@@ -28,7 +26,7 @@ def tiny(tmp_path):
     (tmp_path / 'tiny').mkdir()
     with open(tmp_path / 'tiny' / 'meta.pkl', 'wb') as f:
         pickle.dump({'vocab_size': 96}, f)
-    return {**em.estimator_defaults(), 'data_dir': str(tmp_path), 'dataset': 'tiny', 'init_from': 'scratch',
+    return {**estimate_memory.estimator_defaults(), 'data_dir': str(tmp_path), 'dataset': 'tiny', 'init_from': 'scratch',
             'n_layer': 2, 'n_head': 2, 'n_embd': 64, 'block_size': 32, 'bias': True, 'dropout': 0.0,
             'batch_size': 4, 'gradient_accumulation_steps': 2, 'eval_batch_size': 0, 'grad_clip': 1.0,
             'dtype': 'float32', 'activation_checkpointing': False}
@@ -36,7 +34,7 @@ def tiny(tmp_path):
 
 def gpt2_config(batch_size, **overrides):
     """GPT-2 124M from scratch, block 1024, bf16, one micro-step; a small evaluation batch keeps the trace short."""
-    return {**em.estimator_defaults(), 'init_from': 'scratch', 'dataset': 'openwebtext', 'n_layer': 12, 'n_head': 12,
+    return {**estimate_memory.estimator_defaults(), 'init_from': 'scratch', 'dataset': 'openwebtext', 'n_layer': 12, 'n_head': 12,
             'n_embd': 768, 'block_size': 1024, 'bias': False, 'dropout': 0.0, 'batch_size': batch_size,
             'gradient_accumulation_steps': 1, 'eval_batch_size': 1, 'dtype': 'bfloat16', **overrides}
 
@@ -130,12 +128,12 @@ def test_activation_checkpointing_lowers_the_traced_activations(tiny):
 
 
 def test_resume_takes_the_model_from_the_checkpoint(tiny, tmp_path):
-    model_args = dict(n_layer=3, n_head=2, n_embd=32, block_size=16, bias=False, vocab_size=80, dropout=0.0)
+    model_args = dict(n_layer=3, n_head=2, n_embd=32, block_size=16, bias=False, vocab_size=100, dropout=0.0)
     save_checkpoint({'model': {}, 'model_args': model_args}, str(tmp_path / 'out'))
     config = {**tiny, 'init_from': 'resume', 'out_dir': str(tmp_path / 'out'), 'block_size': 16}
     model = em.trace(config, evaluate=False)['model']
     assert {k: model[k] for k in ('n_layer', 'n_embd', 'block_size', 'vocab_size', 'bias')} == \
-        dict(n_layer=3, n_embd=32, block_size=16, vocab_size=80, bias=False)
+        dict(n_layer=3, n_embd=32, block_size=16, vocab_size=100, bias=False)
     with pytest.raises(ConfigError, match='no checkpoint at'):
         em.trace({**config, 'out_dir': str(tmp_path / 'missing')})
 
@@ -143,7 +141,7 @@ def test_resume_takes_the_model_from_the_checkpoint(tiny, tmp_path):
 @pytest.mark.parametrize('path', CARD_PRESETS, ids=lambda path: path.name)
 def test_card_presets_fit_with_a_gib_to_spare(path):
     card_gb = int(re.search(r'_(\d+)gb\.py$', path.name)[1])
-    result = em.estimate(em.load_config([str(path), f'--gpu_memory_gb={card_gb}']))
+    result = em.estimate(estimate_memory.load_config([str(path), f'--gpu_memory_gb={card_gb}']))
     assert result['fits']
     assert result['total_bytes'] < (card_gb - 1) * GIB and result['eval_total_bytes'] < (card_gb - 1) * GIB
     assert result['total_bytes'] > result['train']['peak_bytes'] + em.CUDA_CONTEXT_BYTES
@@ -183,8 +181,8 @@ def test_find_batch_size_cli_returns_a_fitting_batch_whose_double_does_not_fit(t
         return em.total_bytes(em.trace(config, evaluate=False)['train']['peak_bytes'])
 
     budget_gb = (estimated_total(8, False) + 1) / GIB
-    monkeypatch.setattr(em, 'estimator_defaults', lambda: tiny)
-    em.main(['--find_batch_size', '--json', f'--gpu_memory_gb={budget_gb}'])
+    monkeypatch.setattr(estimate_memory, 'estimator_defaults', lambda: tiny)
+    estimate_memory.main(['--find_batch_size', '--json', f'--gpu_memory_gb={budget_gb}'])
     result = json.loads(capsys.readouterr().out)
     off, on = result['find_batch_size']
     assert off['largest_batch_size'] == 8 and on['largest_batch_size'] >= 8
@@ -212,7 +210,7 @@ def test_pick_batch_size_keeps_tokens_per_step_and_fails_clearly(tiny):
     (['--batchsize=8'], '--batch_size'),
     (['--gpu_memory_gb=0.1'], 'gpu_memory_gb=0.1'),
     (['--loss=fused'], "loss 'fused'"),
-    (['--gradient_accumulation_steps=3', '--world_size=2'], 'world_size=2'),
+    (['--gradient_accumulation_steps=3', '--world_size=2'], 'divisible by the 2 processes'),
     (['--init_from=gpt2', '--block_size=2048'], 'block_size=2048'),
     (['--init_from=gpt3'], "init_from 'gpt3'"),
     (['--measure'], 'CUDA is not available'),
@@ -223,7 +221,7 @@ def test_bad_input_is_one_line_error(argv, named, capsys):
     if '--measure' in argv and torch.cuda.is_available():
         pytest.skip('CUDA is available here')
     with pytest.raises(SystemExit) as exit_info:
-        em.main(argv)
+        estimate_memory.main(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith('error: ') and err.count('\n') == 1 and named in err

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import model as model_lib
-from memory_tracer import MemoryTracer
+from training.memory.tracer import MemoryTracer
 from model import GPT, GPTConfig, chunked_cross_entropy
 
 

@@ -9,13 +9,13 @@ import sys
 import pytest
 import torch
 
-from helpers import ROOT, TINY_ARGS, logged_losses, run_script
-
-sys.path.insert(0, str(ROOT))
-import estimate_memory as em  # noqa: E402
-import optim  # noqa: E402
-from configurator import ConfigError  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+import estimate_memory
+from helpers import TINY_ARGS, logged_losses, run_script
+from model import GPT, GPTConfig
+from training import optim
+from training.errors import ConfigError
+from training.memory import estimate as em
+from training.memory.tracer import inner_tensors
 
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec('torchao') is None,
                                    reason='adamw_8bit needs torchao: pip install -r requirements-dev.txt')
@@ -35,7 +35,7 @@ def tiny_gpt(optim_name='adamw', in_backward=False, lr=1e-2):
     """A 2-layer GPT whose weight matrices all have >= 4096 elements (torchao quantizes those), and its optimizer."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=96, bias=False, dropout=0.0))
-    optimizer = model.configure_optimizers(0.1, lr, (0.9, 0.95), 'cpu', optim=optim_name)
+    optimizer = model.configure_optimizers(0.1, lr, (0.9, 0.95), 'cpu', optim.optimizer_class(optim_name))
     return model, optim.OptimizerInBackward(optimizer) if in_backward else optimizer
 
 
@@ -73,7 +73,8 @@ def test_in_backward_step_gives_the_standard_loops_parameters():
 
 
 def moment_bytes(optimizer):
-    return sum(t.nbytes for t in optim.state_tensors(optimizer) if t.dim() > 0)  # not the scalar step counters
+    state = [t for values in optimizer.state.values() for value in values.values() for t in inner_tensors(value)]
+    return sum(t.nbytes for t in state if t.dim() > 0)  # not the scalar step counters
 
 
 @pytest.mark.parametrize('optim_name', LOW_MEMORY)
@@ -99,7 +100,7 @@ def weighty(tmp_path):
     (tmp_path / 'tiny').mkdir()
     with open(tmp_path / 'tiny' / 'meta.pkl', 'wb') as f:
         pickle.dump({'vocab_size': 256}, f)
-    return {**em.estimator_defaults(), 'data_dir': str(tmp_path), 'dataset': 'tiny', 'init_from': 'scratch',
+    return {**estimate_memory.estimator_defaults(), 'data_dir': str(tmp_path), 'dataset': 'tiny', 'init_from': 'scratch',
             'n_layer': 2, 'n_head': 4, 'n_embd': 256, 'block_size': 32, 'bias': False, 'dropout': 0.0,
             'batch_size': 1, 'gradient_accumulation_steps': 1, 'eval_batch_size': 0, 'grad_clip': 0.0,
             'dtype': 'float32', 'activation_checkpointing': False}
@@ -121,7 +122,7 @@ def test_estimator_reflects_each_lever(weighty, monkeypatch):
     assert fused['breakdown']['gradients'] < adamw['breakdown']['gradients'] / 4
     assert fused['peak_bytes'] < adamw['peak_bytes'] - adamw['breakdown']['gradients'] / 2
     with pytest.raises(ConfigError, match='gradient_accumulation_steps=2'):
-        em.trace({**weighty, 'optimizer_in_backward': True, 'gradient_accumulation_steps': 2})
+        em.check_config({**weighty, 'optimizer_in_backward': True, 'gradient_accumulation_steps': 2})
 
 
 @pytest.mark.parametrize('overrides, message', [

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import tiktoken
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from helpers import ROOT
 from prepare import common, openwebtext, shakespeare, shakespeare_char  # noqa: E402
 
 EOT = 50256
@@ -79,8 +78,26 @@ def test_char_script_runs_from_any_directory(tmp_path):
     assert len(read_bin(tmp_path / 'out' / 'train.bin')) + len(read_bin(tmp_path / 'out' / 'val.bin')) == len(CORPUS)
 
 
-def test_default_out_dir_is_data_next_to_train_py():
-    assert Path(common.default_out_dir('shakespeare_char')) == ROOT / 'data' / 'shakespeare_char'
+def test_default_out_dir_is_data_in_the_current_directory(tmp_path):
+    """Where train.py, run from the same directory, reads --dataset=shakespeare_char (every path is relative to the
+    current directory)."""
+    corpus = tmp_path / 'corpus.txt'
+    corpus.write_text(CORPUS, encoding='utf-8')
+    result = run_script('shakespeare_char', '--input', str(corpus), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / 'data' / 'shakespeare_char').iterdir()) == \
+        ['meta.pkl', 'train.bin', 'val.bin']
+
+
+def test_out_dir_that_is_a_file_is_one_line_and_writes_nothing(tmp_path):
+    corpus, taken = tmp_path / 'corpus.txt', tmp_path / 'taken'
+    corpus.write_text(CORPUS, encoding='utf-8')
+    taken.write_text('a file')
+    result = run_script('shakespeare_char', '--input', str(corpus), '--out_dir', str(taken), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: out_dir={str(taken)!r} cannot be a directory: {taken} is "
+                                                  f"a file; use another --out_dir"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['corpus.txt', 'taken'] and taken.read_text() == 'a file'
 
 
 def test_failed_download_is_one_line_and_writes_nothing(tmp_path):

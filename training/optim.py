@@ -11,13 +11,12 @@ AdamW's two fp32 moments take 16 bytes a parameter. Two levers here cut it:
 All variants compute the AdamW update in fp32 (decoupled weight decay, bias correction, as torch.optim.AdamW).
 """
 import contextlib
-import inspect
 import logging
 import math
 
 import torch
 
-from configurator import ConfigError
+from training.errors import ConfigError
 
 OPTIMS = ('adamw', 'adamw_bf16', 'adamw_8bit')
 
@@ -88,18 +87,26 @@ def describe(optim, optimizer_in_backward=False):
     return text[optim] + (' stepped in backward' if optimizer_in_backward else '')
 
 
-def optimizer_class(optim, device_type):
-    """(class, extra keyword arguments) of the optimizer `optim`. model.configure_optimizers builds it with one call,
-    optimizer_class(optim_groups, lr=learning_rate, betas=betas, **extra_args), so that a wrapper such as
-    ZeroRedundancyOptimizer can take the same class and arguments."""
+def optimizer_class(optim):
+    """The class of the optimizer `optim`, built by model.configure_optimizers as class(groups, lr=, betas=); None
+    for 'adamw', which configure_optimizers builds itself (torch's, fused on CUDA, as nanoGPT)."""
     require(optim)
     if optim == 'adamw_bf16':
-        return AdamWBF16, {}
+        return AdamWBF16
     if optim == 'adamw_8bit':
-        return _torchao_adamw8bit(), {}
-    # torch's AdamW, fused into one kernel on CUDA (nanoGPT's choice)
-    use_fused = 'fused' in inspect.signature(torch.optim.AdamW).parameters and device_type == 'cuda'
-    return torch.optim.AdamW, (dict(fused=True) if use_fused else {})
+        return _torchao_adamw8bit()
+    return None
+
+
+def build_optimizer(model, config, device_type):
+    """train.py's optimizer for `model`: configure_optimizers' parameter groups, config's optim, and stepped in
+    backward with optimizer_in_backward (ZeRO, under zero1, wraps it after: parallel.shard_optimizer_state)."""
+    optimizer = model.configure_optimizers(config['weight_decay'], config['learning_rate'],
+                                           (config['beta1'], config['beta2']), device_type,
+                                           optimizer_class(config['optim']))
+    if config['optim'] != 'adamw':
+        print(f"using {config['optim']}")
+    return OptimizerInBackward(optimizer) if config['optimizer_in_backward'] else optimizer
 
 
 # Elements updated at once by the non-fused steps below: their temporaries (about 16 bytes an element for
@@ -217,22 +224,6 @@ def _torchao_adamw8bit():
             return loss
 
     return TorchaoAdamW8bit
-
-
-def state_tensors(optimizer):
-    """The plain tensors holding `optimizer`'s state: torchao's 8-bit state is a tensor subclass whose memory is in
-    its inner tensors (codes, scales, code map), which are returned instead."""
-    tensors = []
-    optimizer = getattr(optimizer, 'optim', optimizer)  # ZeroRedundancyOptimizer (zero1): this rank's optimizer
-    for state in optimizer.state.values():
-        for t in state.values():
-            if hasattr(t, '_local_tensor'):  # an FSDP-sharded moment (DTensor): the tracer finds its shard
-                tensors.append(t)
-            elif hasattr(t, '__tensor_flatten__'):
-                tensors += [getattr(t, name) for name in t.__tensor_flatten__()[0]]
-            elif isinstance(t, torch.Tensor):
-                tensors.append(t)
-    return tensors
 
 
 class OptimizerInBackward:

@@ -5,8 +5,11 @@ needs (scaler, rng_states); a checkpoint without them, e.g. one written by nanoG
 """
 import contextlib
 import os
+import zipfile
 
 import torch
+
+from training.errors import ConfigError, first_line
 
 CKPT_NAME = 'ckpt.pt'
 # a save writes .ckpt.pt.<pid>.tmp first: the pid tells a later save whether the writer of a leftover still runs
@@ -14,14 +17,8 @@ TMP_PREFIX, TMP_SUFFIX = f'.{CKPT_NAME}.', '.tmp'
 COMPILE_PREFIX = '_orig_mod.'  # torch.compile's wrapper prefixes parameter names with this; nanoGPT saves them so
 
 
-class CheckpointError(Exception):
+class CheckpointError(ConfigError):
     """A checkpoint problem the user can fix; str(e) is the one-line message."""
-
-
-def first_line(exc, limit=160):
-    lines = str(exc).strip().splitlines()
-    line = lines[0] if lines else type(exc).__name__
-    return line if len(line) <= limit else line[:limit - 3] + '...'
 
 
 def checkpoint_path(out_dir):
@@ -64,9 +61,14 @@ def save_checkpoint(checkpoint, out_dir):
             f.flush()
             os.fsync(f.fileno())  # the data is on disk before the rename makes it ckpt.pt
         os.replace(tmp, checkpoint_path(out_dir))
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+        if isinstance(e, (OSError, RuntimeError)):  # a full disk: ENOSPC, or torch's "unexpected pos" from its writer
+            kept = 'the previous ckpt.pt is intact' if os.path.exists(checkpoint_path(out_dir)) else 'nothing saved'
+            raise CheckpointError(f'could not write {checkpoint_path(out_dir)} ({first_line(e)}): {kept}; free disk '
+                                  f'space in {out_dir} (a checkpoint with its optimizer state is about 16 bytes a '
+                                  f'parameter) or use another --out_dir') from None
         raise
 
 
@@ -76,9 +78,12 @@ def load_checkpoint(out_dir, map_location, required=()):
     path = checkpoint_path(out_dir)
     if not os.path.isfile(path):
         raise CheckpointError(f'no checkpoint at {path}: check --out_dir (train.py writes ckpt.pt there)')
+    if not zipfile.is_zipfile(path):  # torch.save's format is a zip archive; torch.load's own error is an essay
+        raise CheckpointError(f'{path} is not a PyTorch checkpoint (truncated, or another kind of file): restore a '
+                              f'good copy or train again')
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # truncated zip, pickling errors, I/O errors: all mean the same to the user
+    except Exception as e:  # a damaged archive, pickling or I/O errors: all mean the same to the user
         raise CheckpointError(f'{path} is unreadable or truncated ({first_line(e)}): restore a good copy '
                               f'or train again') from None
     missing = [k for k in ('model', 'model_args', *required) if not isinstance(checkpoint, dict) or k not in checkpoint]

@@ -1,20 +1,15 @@
 """
-How train.py spreads a model over the processes that torchrun starts: the `parallelism` key, on PyTorch's own engine.
-
-- ddp: DistributedDataParallel. Every rank holds the whole training state, 16 bytes a parameter (fp32 weights,
-  gradients and two AdamW moments), plus DDP's gradient buckets: more cards, no room for a bigger model.
-- zero1: DDP with ZeroRedundancyOptimizer. Each rank keeps the AdamW state of 1/world_size of the parameters, steps
-  those and broadcasts them: 8 bytes a parameter become 8/world_size. Same communication as DDP, plus the broadcast.
-- fsdp: FSDP2 `fully_shard` on each transformer block and on the whole model. Weights, gradients and AdamW state are
-  all split over the ranks (16/world_size bytes a parameter); a block's weights are gathered just for its forward
-  and its backward, and its gradients reduce-scattered after. The most memory saved, the most communication.
-  fsdp_mixed_precision=True gathers the weights in the autocast dtype (bf16/fp16): half the communication and half
-  the memory of the gathered blocks; gradients are reduce-scattered in fp32 into the fp32 shards, as in torchtitan.
-
-Whatever the mode, the checkpoint is nanoGPT's single ckpt.pt with full tensors: full_state_dicts gathers it for the
-master, and load_optimizer_state splits it again, so a run can resume under any mode and any world size.
+How train.py spreads a model over the processes that torchrun starts (the `parallelism` key, on PyTorch's own engine:
+README, Several GPUs, says what each mode costs and saves): sharding the model and the optimizer state, gradient
+sync, the full-tensor checkpoint any mode and world size can resume, and what a process does when the others stop
+answering or its launcher dies.
 """
 import inspect
+import os
+import sys
+import threading
+import time
+import traceback
 
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -25,7 +20,7 @@ except ImportError:
     from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed._tensor import DTensor, distribute_tensor
 
-from configurator import ConfigError
+from training.errors import ConfigError, first_line
 
 PARALLELISMS = ('ddp', 'zero1', 'fsdp')
 
@@ -115,3 +110,48 @@ def set_gradient_sync(model, parallelism, enabled):
         # DDP's no_sync() context manager toggles this attribute; setting it directly keeps the loop flat
         model.require_backward_grad_sync = enabled
 
+
+def local_optimizer(optimizer):
+    """The optimizer that holds this rank's state: under zero1, ZeroRedundancyOptimizer's own (its share)."""
+    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+
+
+# How gloo reports a peer that does not answer in time, or is gone (NCCL's watchdog ends the process itself)
+PEER_FAILURES = ('Timed out', 'Connection closed by peer', 'Connection reset by peer')
+
+
+def collective_failure(exc, timeout):
+    """The one-line message for `exc` if it is a collective that failed because another process stopped answering
+    (a stopped or crashed rank, a wedged GPU, a lost node), naming the collective and the train.py line that ran it;
+    None for any other error."""
+    distributed_error = getattr(torch.distributed, 'DistError', ())
+    if not (isinstance(exc, distributed_error) or
+            (isinstance(exc, RuntimeError) and any(text in str(exc) for text in PEER_FAILURES))):
+        return None
+    frames = traceback.extract_tb(exc.__traceback__)
+    caller = next((f for f in reversed(frames) if os.path.basename(f.filename) == 'train.py'), frames[-1])
+    line = (caller.line or '').strip()
+    collective = next((f.name for f in reversed(frames) if f'distributed{os.sep}' in f.filename),
+                      'the gradient sync' if 'backward' in line else 'a collective')  # DDP's and FSDP's run in C++
+    return (f'{collective} at train.py line {caller.lineno} ({line}) got no answer from another process within '
+            f'timeout={timeout:g}s ({first_line(exc)}): look for an error in the other ranks\' output first; a '
+            f'stopped process, a hung GPU or a lost node stalls every rank; raise --timeout only if a rank is '
+            f'legitimately slower (a large checkpoint on a slow disk)')
+
+
+def exit_with_launcher(poll_seconds=2.0):
+    """Under torchrun: end this process if the launcher that started it dies (killed with SIGKILL, it cannot stop its
+    workers, which would train on, holding the GPU). A daemon thread notices the parent change and exits at once
+    (the last good ckpt.pt is intact: saves are atomic)."""
+    if 'TORCHELASTIC_RUN_ID' not in os.environ or os.name != 'posix':
+        return
+    launcher = os.getppid()
+
+    def watch():
+        while os.getppid() == launcher:
+            time.sleep(poll_seconds)
+        print(f"error: rank {os.environ.get('RANK', 0)}: the torchrun launcher (pid {launcher}) is gone: stopping",
+              file=sys.stderr, flush=True)
+        os._exit(2)  # from a thread, sys.exit would end only the thread
+
+    threading.Thread(target=watch, daemon=True, name='launcher-watch').start()

@@ -1,7 +1,7 @@
 """
 The memory tracer behind estimate_memory.py: a TorchDispatchMode that counts the live tensor storages of a traced
-training step (under FakeTensorMode: no real memory) and what made up their peak, as the CUDA caching allocator would
-count them.
+training step (under FakeTensorMode: no real memory, or for real on the CPU) and what made up their peak, as the
+CUDA caching allocator would count them.
 """
 import weakref
 
@@ -9,17 +9,25 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
-import optim as optim_lib
-
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes; torch.cuda.max_memory_allocated counts those.
 CUDA_ALIGNMENT = 512
 CATEGORIES = ('parameters', 'gradients', 'optimizer_state', 'ddp_gradient_buckets', 'activations', 'loss_path',
               'temporaries')
 
 
+def inner_tensors(value):
+    """The plain tensors that hold `value`'s memory: a tensor subclass (an FSDP shard, torchao's 8-bit optimizer
+    state) keeps it in the tensors it flattens to; anything but a tensor holds none."""
+    if not isinstance(value, torch.Tensor):
+        return []
+    if is_traceable_wrapper_subclass(value):
+        return [t for name in value.__tensor_flatten__()[0] for t in inner_tensors(getattr(value, name))]
+    return [value]
+
+
 def local_storage(tensor):
-    """The storage behind `tensor`: for an FSDP shard (DTensor), its rank's local tensor's."""
-    return getattr(tensor, '_local_tensor', tensor).untyped_storage()
+    """The storage behind `tensor`: for an FSDP shard (a DTensor), its rank's local tensor's."""
+    return inner_tensors(tensor)[0].untyped_storage()
 
 
 class MemoryTracer(TorchDispatchMode):
@@ -54,7 +62,8 @@ class MemoryTracer(TorchDispatchMode):
         self.allocations = {}  # (shape, dtype, category) -> bytes, every distinct allocation since the reset
 
     def watch(self, model, optimizer):
-        """Track `model`'s parameters and `optimizer`'s state as such, and tag the model's forward."""
+        """Track `model`'s parameters and `optimizer`'s state as such (the optimizer that holds this rank's state:
+        parallel.local_optimizer), and tag the model's forward."""
         self.parameters, self.optimizer = list(model.parameters()), optimizer
         for p in self.parameters:
             self.retag(p, 'parameters')
@@ -97,9 +106,7 @@ class MemoryTracer(TorchDispatchMode):
         return 'activations' if self.forward_depth > 0 else 'temporaries'
 
     def _track(self, tensor):
-        if is_traceable_wrapper_subclass(tensor) and not hasattr(tensor, '_local_tensor'):
-            return  # e.g. torchao's 8-bit optimizer state: its memory is its inner tensors', tracked when created
-        storage = local_storage(tensor)
+        storage = local_storage(tensor)  # a subclass's inner tensors are mostly tracked already, when they were made
         if id(storage) in self.live:
             return
         category = self._category()
@@ -129,7 +136,8 @@ class MemoryTracer(TorchDispatchMode):
         if self.optimizer is None:
             return breakdown
         grads = [p.grad for p in self.parameters if p.grad is not None]
-        state = optim_lib.state_tensors(self.optimizer)  # torchao's 8-bit state: the tensors inside its subclass
+        state = [t for values in self.optimizer.state.values() for value in values.values()
+                 for t in inner_tensors(value)]
         moved = set()
         for category, tensors in (('gradients', grads), ('optimizer_state', state)):
             for t in tensors:

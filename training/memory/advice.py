@@ -1,7 +1,10 @@
-"""What train.py tells the user when a step or an evaluation runs out of memory: a short summary and the next step.
+"""What train.py tells the user when a step or an evaluation runs out of memory (a short summary and the next step),
+and the one rule for re-splitting a step into smaller micro-batches, which the estimator's batch search uses too.
 
 oom_advice is pure (numbers in, text out) so it can be tested without a GPU; cuda_memory_stats reads the numbers.
 """
+import math
+
 import torch
 
 GIB = 2 ** 30
@@ -25,12 +28,13 @@ def fitting_batch_size(batch_size, fixed, peak, total):
     return max(1, min(batch, batch_size - 1))
 
 
-def keep_tokens(batch_size, gradient_accumulation_steps, world_size, fit):
-    """(micro-batch <= fit, gradient_accumulation_steps) with the same samples per optimizer step as now, the steps
-    still divisible by world_size (train.py requires it); micro-batch 1 always qualifies."""
+def resplit(batch_size, gradient_accumulation_steps, world_size, largest):
+    """(micro-batch, gradient_accumulation_steps) for micro-batches of at most `largest`: the fewest micro-steps that
+    keep at least the samples per step, divisible by world_size as train.py needs, then the smallest micro-batch
+    that does with them (it fits too, and the samples per step stay within a micro-step of the original's)."""
     samples = batch_size * gradient_accumulation_steps
-    batch = next(b for b in range(fit, 0, -1) if samples % (b * world_size) == 0)
-    return batch, samples // batch
+    accumulation = math.ceil(math.ceil(samples / largest) / world_size) * world_size
+    return math.ceil(samples / accumulation), accumulation
 
 
 def oom_advice(phase, batch_size, gradient_accumulation_steps, world_size, activation_checkpointing, stats=None,
@@ -55,8 +59,9 @@ def oom_advice(phase, batch_size, gradient_accumulation_steps, world_size, activ
         return '\n'.join(lines)
     steps = []
     if batch_size > 1:
-        batch, accumulation = keep_tokens(batch_size, gradient_accumulation_steps, world_size, fit)
-        steps.append(f'--batch_size={batch} --gradient_accumulation_steps={accumulation} (same tokens per step)')
+        batch, accumulation = resplit(batch_size, gradient_accumulation_steps, world_size, fit)
+        steps.append(f'--batch_size={batch} --gradient_accumulation_steps={accumulation} (at least the same tokens '
+                     f'per step)')
     if not activation_checkpointing:
         steps.append('--activation_checkpointing=True (recomputes activations in backward, ~30% slower)')
     if not steps:

@@ -1,0 +1,11 @@
+"""What train.py, sample.py, bench.py and estimate_memory.py are built on, one concern a module:
+
+rules.py       what train.py accepts and which model a config builds (shared with the memory estimate)
+checkpoint.py  ckpt.pt: atomic saves, one-line errors on load
+optim.py       the optimizers (the `optim` key) and the step fused into backward (`optimizer_in_backward`)
+parallel.py    the `parallelism` modes under torchrun, the full-tensor checkpoint, timeouts and the launcher watch
+schedule.py    the learning rate schedule
+device.py      default device and dtype, their checks, the GPUs' peak FLOPS for MFU
+memory/        the memory tracer, the estimate before launch, the advice after an out-of-memory error
+errors.py      ConfigError and fail(): one line, exit status 2
+"""

@@ -1,0 +1,120 @@
+"""What train.py accepts and which model a config builds: the rules that train.py and estimate_memory.py share, so the
+estimate is always of the run train.py would make. Each check raises a ConfigError whose one line names the key and
+the fix, before anything is created or written."""
+import os
+import pickle
+
+from model import GPT
+from training import optim, parallel
+from training.errors import ConfigError, first_line
+
+DEFAULT_VOCAB_SIZE = 50304  # GPT-2's 50257 padded up to a multiple of 64, as nanoGPT does
+ARCHITECTURE_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size')
+AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval',
+                'log_interval', 'n_layer', 'n_head', 'n_embd')
+
+
+def check_config(config, world_size, device_type):
+    """ConfigError for a config that train.py cannot run with `world_size` processes on a `device_type` device."""
+    for key in AT_LEAST_ONE:
+        if config[key] < 1:
+            raise ConfigError(f'{key} must be at least 1, got {config[key]}')
+    if config['eval_batch_size'] < 0:
+        raise ConfigError(f"eval_batch_size must be at least 1, or 0 for batch_size; got {config['eval_batch_size']}")
+    if not 0.0 <= config['dropout'] < 1.0:
+        raise ConfigError(f"dropout is a probability in [0, 1), got {config['dropout']}: e.g. --dropout=0.1")
+    if config['gradient_accumulation_steps'] % world_size != 0:
+        raise ConfigError(f"gradient_accumulation_steps={config['gradient_accumulation_steps']} is not divisible by "
+                          f"the {world_size} processes (each runs an equal share): use a multiple of {world_size}")
+    if config['parallelism'] not in parallel.PARALLELISMS:
+        raise ConfigError(f"unknown parallelism {config['parallelism']!r}: use one of "
+                          f"{', '.join(parallel.PARALLELISMS)} (README: Several GPUs)")
+    parallel.fsdp_param_dtype(config)  # raises for a fsdp_mixed_precision that cannot apply
+    if config['timeout'] <= 0:
+        raise ConfigError(f"timeout={config['timeout']} must be positive: the seconds a process waits for the others "
+                          f"in a collective, e.g. --timeout=600")
+    if config['backend'] == 'nccl' and device_type != 'cuda':
+        raise ConfigError(f"backend='nccl' needs CUDA: use --backend=gloo with device={config['device']!r}")
+    init_from = config['init_from']
+    if init_from not in ('scratch', 'resume') and init_from not in GPT.PRETRAINED_ARGS:
+        raise ConfigError(f"unknown init_from {init_from!r}: use 'scratch', 'resume' or one of "
+                          f"{', '.join(GPT.PRETRAINED_ARGS)}")
+    if config['auto_batch_size'] and device_type != 'cuda':
+        raise ConfigError(f"auto_batch_size=True sizes the batch for a CUDA card's memory: on {config['device']} set "
+                          f"--batch_size yourself")
+    if init_from == 'scratch' and config['n_embd'] % config['n_head'] != 0:
+        raise ConfigError(f"n_embd={config['n_embd']} must be divisible by n_head={config['n_head']}")
+    optim.check_config(config, world_size)
+
+
+def dataset_path(config):
+    return os.path.join(config['data_dir'], config['dataset'])
+
+
+def check_dataset(config):
+    """ConfigError unless data_dir/dataset holds train.bin and val.bin with more than block_size tokens each."""
+    data_path, block_size = dataset_path(config), config['block_size']
+    for split in ('train', 'val'):
+        split_path = os.path.join(data_path, f'{split}.bin')
+        if not os.path.isfile(split_path):
+            raise ConfigError(f"dataset {config['dataset']!r} is not prepared: {split_path} not found; "
+                              f"{prepare_hint(config)}")
+        split_tokens = os.path.getsize(split_path) // 2  # uint16 tokens
+        if split_tokens == 0:
+            raise ConfigError(f'{split_path} is empty: prepare the dataset again ({prepare_hint(config)})')
+        if split_tokens <= block_size:
+            raise ConfigError(f'block_size={block_size} needs at least {block_size + 1} tokens but {split_path} has '
+                              f'{split_tokens}: use a smaller --block_size')
+
+
+def prepare_hint(config):
+    """The command that prepares config's dataset where train.py reads it (paths relative to the current directory,
+    like every path here), or where such files come from."""
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'prepare',
+                          f"{config['dataset']}.py")
+    if not os.path.isfile(script):
+        return 'put nanoGPT-format train.bin and val.bin there (see data/README.md)'
+    out_dir = '' if config['data_dir'] == 'data' else f' --out_dir {dataset_path(config)}'
+    return f'run `python {os.path.relpath(script)}{out_dir}`'
+
+
+def meta_vocab_size(config):
+    """vocab_size from data_dir/dataset/meta.pkl, or None without one (GPT-2's tokens)."""
+    meta_path = os.path.join(dataset_path(config), 'meta.pkl')
+    if not os.path.exists(meta_path):
+        return None
+    try:
+        with open(meta_path, 'rb') as f:
+            return int(pickle.load(f)['vocab_size'])
+    except Exception as e:  # a corrupt or foreign file: whatever failed, the fix is to prepare the dataset again
+        raise ConfigError(f'cannot read vocab_size from {meta_path} ({first_line(e)}): prepare the dataset '
+                          f'again') from None
+
+
+def model_args(config, meta_vocab, resumed_model_args=None):
+    """(model_args, crop): the GPTConfig arguments train.py builds for config['init_from'] (scratch: the config's
+    shape with meta_vocab or the padded GPT-2 vocabulary; resume: the checkpoint's shape; gpt2*: OpenAI's), and the
+    block_size to crop a pretrained model to, or None. ConfigError where block_size or the dataset's vocabulary do
+    not fit the model."""
+    init_from, block_size = config['init_from'], config['block_size']
+    args = dict(n_layer=config['n_layer'], n_head=config['n_head'], n_embd=config['n_embd'], block_size=block_size,
+                bias=config['bias'], vocab_size=None, dropout=config['dropout'])
+    crop = None
+    if init_from == 'scratch':
+        args['vocab_size'] = meta_vocab if meta_vocab is not None else DEFAULT_VOCAB_SIZE
+    elif init_from == 'resume':
+        args.update({k: resumed_model_args[k] for k in ARCHITECTURE_KEYS})  # the rest (dropout) as configured
+    else:
+        pretrained = GPT.pretrained_config(init_from)
+        args.update({k: getattr(pretrained, k) for k in ARCHITECTURE_KEYS})
+        if block_size < pretrained.block_size:
+            args['block_size'] = crop = block_size  # the checkpoint records the cropped size
+    if block_size > args['block_size']:
+        whose = "the resumed model's" if init_from == 'resume' else f"{init_from}'s"
+        raise ConfigError(f"block_size={block_size} is larger than {whose} {args['block_size']}: "
+                          f"use --block_size={args['block_size']} or less")
+    if meta_vocab is not None and meta_vocab > args['vocab_size']:
+        raise ConfigError(f"{os.path.join(dataset_path(config), 'meta.pkl')} has vocab_size {meta_vocab} but the "
+                          f"model's is {args['vocab_size']}: its tokens would index past the embedding; use the "
+                          f"dataset the model was trained on")
+    return args, crop
