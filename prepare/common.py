@@ -21,11 +21,12 @@ class PrepareError(Exception):
 
 
 def run_main(main):
-    """Run a script's main(); a PrepareError becomes one line on stderr and exit status 1."""
+    """Run a script's main(); a PrepareError becomes one line on stderr and exit status 2, as bad usage."""
     try:
         main()
     except PrepareError as e:
-        sys.exit(f'error: {e}')
+        print(f'error: {e}', file=sys.stderr)
+        sys.exit(2)
 
 
 def one_line(exc, limit=160):

@@ -87,7 +87,7 @@ def test_failed_download_is_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / 'out'
     result = run_script('shakespeare_char', '--url', 'http://127.0.0.1:9/input.txt', '--out_dir', str(out),
                         cwd=tmp_path)
-    assert result.returncode != 0
+    assert result.returncode == 2
     error = result.stderr.strip()
     assert len(error.splitlines()) == 1 and error.startswith('error: could not download')
     assert '--input PATH' in error
