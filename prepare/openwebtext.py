@@ -28,18 +28,35 @@ def default_num_proc():
     return max(1, (os.cpu_count() or 1) // 2)
 
 
-def load_splits(dataset, data_files=None, split='train', test_size=0.0005, num_proc=1, cache_dir=None):
-    """Load `split` of `dataset` and divide its documents into shuffled 'train' and 'val' (a DatasetDict)."""
+def check_test_size(test_size):
     if not 0 < test_size < 1:
         raise common.PrepareError(f'--test_size {test_size} must be a fraction between 0 and 1 (nanoGPT: 0.0005)')
+
+
+def describe(dataset, name, split):
+    """How errors name the input, e.g. "dataset 'HuggingFaceFW/fineweb-edu' config 'sample-10BT' split 'train'"."""
+    config = f' config {name!r}' if name else ''
+    return f'dataset {dataset!r}{config} split {split!r}'
+
+
+def load_documents(dataset, name, split, **kwargs):
+    """datasets.load_dataset with one-line errors; kwargs go to it (data_files, cache_dir, num_proc, streaming)."""
     try:
-        documents = datasets.load_dataset(dataset, data_files=data_files, split=split, num_proc=num_proc,
-                                          cache_dir=cache_dir)
+        return datasets.load_dataset(dataset, name, split=split, **kwargs)
+    except StopIteration:  # datasets' json reader finds no first record to read the columns from
+        raise common.PrepareError(f'{describe(dataset, name, split)} has no documents; '
+                                  f'pass files that hold some with --data_files PATH') from None
     except Exception as e:  # hub, network, file and format errors all mean this dataset cannot be read as given
-        raise common.PrepareError(f'could not load dataset {dataset!r} split {split!r} ({common.one_line(e)}); '
+        raise common.PrepareError(f'could not load {describe(dataset, name, split)} ({common.one_line(e)}); '
                                   f'to use local files pass --dataset text|json|parquet --data_files PATH') from None
+
+
+def load_splits(dataset, data_files=None, split='train', test_size=0.0005, num_proc=1, cache_dir=None, name=None):
+    """Load `split` of `dataset` and divide its documents into shuffled 'train' and 'val' (a DatasetDict)."""
+    check_test_size(test_size)
+    documents = load_documents(dataset, name, split, data_files=data_files, num_proc=num_proc, cache_dir=cache_dir)
     if len(documents) < 2:
-        raise common.PrepareError(f'dataset {dataset!r} split {split!r} has {len(documents)} document(s); '
+        raise common.PrepareError(f'{describe(dataset, name, split)} has {len(documents)} document(s); '
                                   f'train and val need at least 2')
     splits = documents.train_test_split(test_size=test_size, seed=SPLIT_SEED, shuffle=True)
     splits['val'] = splits.pop('test')
@@ -96,6 +113,7 @@ def main(argv=None):
                         help="Hugging Face dataset, or text/json/parquet/csv with --data_files (default: "
                              "%(default)s, OpenWebText as parquet; nanoGPT's script-based 'openwebtext' does not "
                              "load in datasets>=4)")
+    parser.add_argument('--name', help='configuration of --dataset, e.g. sample-10BT of HuggingFaceFW/fineweb-edu')
     parser.add_argument('--data_files', nargs='+', metavar='PATH',
                         help='local files or globs for --dataset text/json/parquet/csv')
     parser.add_argument('--split', default='train', help="split to read, e.g. 'train[:1%%]' (default: %(default)s)")
@@ -112,7 +130,8 @@ def main(argv=None):
     if args.num_proc < 1:
         raise common.PrepareError(f'--num_proc {args.num_proc} must be at least 1')
     enc = common.get_encoding(args.encoding)
-    splits = load_splits(args.dataset, args.data_files, args.split, args.test_size, args.num_proc, args.cache_dir)
+    splits = load_splits(args.dataset, args.data_files, args.split, args.test_size, args.num_proc, args.cache_dir,
+                         args.name)
     prepare(splits, args.out_dir, enc, args.text_column, args.num_proc)
 
 
