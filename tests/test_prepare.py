@@ -11,7 +11,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import datasets
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import tiktoken
 
@@ -104,7 +107,7 @@ def test_failed_download_is_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / 'out'
     result = run_script('shakespeare_char', '--url', 'http://127.0.0.1:9/input.txt', '--out_dir', str(out),
                         cwd=tmp_path)
-    assert result.returncode != 0
+    assert result.returncode == 2
     error = result.stderr.strip()
     assert len(error.splitlines()) == 1 and error.startswith('error: could not download')
     assert '--input PATH' in error
@@ -175,8 +178,12 @@ def test_encoding_errors_are_one_line(monkeypatch):
     assert 'TIKTOKEN_CACHE_DIR' in str(info.value) and '\n' not in str(info.value)
 
 
+def make_documents(count=40):
+    return [f'Document {i}: the {"quick " * (i % 7)}brown fox, th\u00e9 {i * i}.' for i in range(count)]
+
+
 def write_documents(path, count=40):
-    docs = [f'Document {i}: the {"quick " * (i % 7)}brown fox, th\u00e9 {i * i}.' for i in range(count)]
+    docs = make_documents(count)
     with open(path, 'w', encoding='utf-8') as f:
         for i, doc in enumerate(docs):
             f.write(json.dumps({'id': i, 'body': doc}) + '\n')
@@ -229,6 +236,162 @@ def test_openwebtext_missing_files_is_one_line(tmp_path):
 
 def test_default_num_proc_is_about_half_the_cores():
     assert openwebtext.default_num_proc() == max(1, (os.cpu_count() or 1) // 2)
+
+
+def write_corpus(path, docs, fmt):
+    """`docs` in a column 'text' of a json lines or parquet file, or one a line in a text file."""
+    if fmt == 'json':
+        path.write_text(''.join(json.dumps({'text': doc}) + '\n' for doc in docs), encoding='utf-8')
+    elif fmt == 'text':
+        path.write_text(''.join(doc + '\n' for doc in docs), encoding='utf-8')
+    else:
+        pq.write_table(pa.table({'text': pa.array(docs, pa.string())}), path)
+    return path
+
+
+def run_openwebtext(monkeypatch, capsys, *args):
+    """openwebtext.py's main as the script runs it, in this process, the tiny encoding standing in for gpt2, and
+    small batches and write buffers so that a few documents use several of each: (exit status, stdout, stderr)."""
+    monkeypatch.setattr(tiktoken, 'get_encoding', lambda name: tiny_encoding())
+    monkeypatch.setattr(openwebtext, 'STREAM_BATCH', 3)
+    monkeypatch.setattr(openwebtext, 'WRITE_BUFFER', 50)
+    try:
+        common.run_main(lambda: openwebtext.main([str(arg) for arg in args]))
+        status = 0
+    except SystemExit as e:
+        status = e.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def document_ids(docs):
+    """Each document's ids as the non-streaming path encodes it: encode_ordinary, then end-of-text."""
+    enc = tiny_encoding()
+    return [enc.encode_ordinary(doc) + [EOT] for doc in docs]
+
+
+def joined(ids_list):
+    return [i for ids in ids_list for i in ids]
+
+
+@pytest.mark.parametrize('fmt', ['json', 'text', 'parquet'])
+def test_streaming_keeps_the_documents_of_the_full_path(tmp_path, monkeypatch, capsys, fmt):
+    docs = make_documents(40)
+    path = write_corpus(tmp_path / f'docs.{fmt}', docs, fmt)
+    status, out, err = run_openwebtext(monkeypatch, capsys, '--dataset', fmt, '--data_files', path, '--test_size',
+                                       '0.1', '--max_tokens', '1_000_000', '--out_dir', tmp_path / 'stream')
+    assert status == 0, err
+    assert "dataset '%s' split 'train' ended after 40 documents, short of --max_tokens 1,000,000" % fmt in out
+    train, val = read_bin(tmp_path / 'stream' / 'train.bin'), read_bin(tmp_path / 'stream' / 'val.bin')
+    # documents 0, 10, 20, 30 are val: ceil(n * 0.1) of the first n; the others train, in file order
+    ids = document_ids(docs)
+    assert val.tolist() == joined(ids[i] for i in (0, 10, 20, 30))
+    assert train.tolist() == joined(ids[i] for i in range(40) if i % 10)
+    # the non-streaming path on the same file: the same documents, tokens and split sizes, shuffled
+    splits = openwebtext.load_splits(fmt, data_files=[str(path)], test_size=0.1, cache_dir=str(tmp_path / 'hf'))
+    openwebtext.prepare(splits, tmp_path / 'full', tiny_encoding())
+    full = [split_documents(read_bin(tmp_path / 'full' / f'{split}.bin')) for split in ('train', 'val')]
+    streamed = [split_documents(train), split_documents(val)]
+    assert [len(docs) for docs in streamed] == [len(docs) for docs in full] == [36, 4]
+    assert sorted(map(list, streamed[0] + streamed[1])) == sorted(map(list, full[0] + full[1]))
+    train_docs, val_docs = ({tiny_encoding().decode(doc.tolist()) for doc in split} for split in streamed)
+    assert not train_docs & val_docs and train_docs | val_docs == set(docs)
+
+
+@pytest.mark.parametrize('last_train_doc, cut', [(9, 0), (15, 5)])
+def test_streaming_budget_is_exact(tmp_path, monkeypatch, capsys, last_train_doc, cut):
+    """train.bin gets exactly --max_tokens: the last train document is cut `cut` tokens into it (0: it ends there)
+    and reading stops, so val holds the val documents among those read up to it."""
+    docs = make_documents(40)
+    ids = document_ids(docs)
+    train_ids = joined(ids[i] for i in range(last_train_doc) if i % 10) + ids[last_train_doc][:cut]
+    if cut == 0:
+        train_ids += ids[last_train_doc]
+    max_tokens = len(train_ids)
+    assert max_tokens < 1000  # so tqdm shows the count unscaled
+    path = write_corpus(tmp_path / 'docs.jsonl', docs, 'json')
+    status, out, err = run_openwebtext(monkeypatch, capsys, '--dataset', 'json', '--data_files', path,
+                                       '--test_size', '0.1', '--max_tokens', max_tokens, '--out_dir', tmp_path)
+    assert status == 0, err
+    train, val = read_bin(tmp_path / 'train.bin'), read_bin(tmp_path / 'val.bin')
+    assert train.tolist() == train_ids and len(train) == max_tokens
+    assert val.tolist() == joined(ids[i] for i in range(0, last_train_doc + 1, 10))
+    assert f'train has {max_tokens:,} tokens' in out and 'ended after' not in out
+    assert f'{max_tokens}/{max_tokens}' in err  # the progress bar counts train tokens up to its total, the budget
+
+
+def test_token_writer_holds_a_bounded_buffer(tmp_path, monkeypatch):
+    monkeypatch.setattr(openwebtext, 'WRITE_BUFFER', 10)
+    with open(tmp_path / 'ids.bin', 'wb') as f:
+        writer = openwebtext.TokenWriter(f)
+        for i in range(30):
+            writer.write([i, i + 1, 50000])
+            assert writer.buffered < 10 and f.tell() + 2 * writer.buffered == 2 * writer.count
+        writer.flush()
+    assert read_bin(tmp_path / 'ids.bin').tolist() == joined([i, i + 1, 50000] for i in range(30))
+
+
+@pytest.mark.parametrize('corpus, args, message', [
+    ('missing_column', [], "--text_column 'text' is not in the dataset; its columns: id, body"),
+    ('empty.jsonl', [], "dataset 'json' split 'train' has no documents"),
+    ('empty.txt', ['--dataset', 'text'], "dataset 'text' split 'train' has no documents"),
+    ('docs.jsonl', ['--max_tokens', '0'], '--max_tokens 0 must be at least 1'),
+    ('docs.jsonl', ['--max_tokens', '-5'], '--max_tokens -5 must be at least 1'),
+])
+def test_streaming_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, corpus, args, message):
+    write_documents(tmp_path / 'missing_column')
+    write_corpus(tmp_path / 'docs.jsonl', make_documents(5), 'json')
+    (tmp_path / 'empty.jsonl').write_text('')
+    (tmp_path / 'empty.txt').write_text('')
+    out = tmp_path / 'out'
+    status, _, err = run_openwebtext(monkeypatch, capsys, '--dataset', 'json', '--data_files', tmp_path / corpus,
+                                     '--max_tokens', 100, *args, '--out_dir', out)
+    assert status == 2
+    assert len(err.splitlines()) == 1 and err.startswith('error: ') and message in err
+    assert not out.exists()
+
+
+def test_streaming_failure_keeps_previous_outputs(tmp_path, monkeypatch, capsys):
+    for name in ('train.bin', 'val.bin'):
+        (tmp_path / name).write_bytes(b'old')
+    write_corpus(tmp_path / 'one.jsonl', ['a single document'], 'json')
+    status, _, err = run_openwebtext(monkeypatch, capsys, '--dataset', 'json', '--data_files', tmp_path / 'one.jsonl',
+                                     '--max_tokens', 100, '--out_dir', tmp_path)
+    assert status == 2 and err.endswith("\nerror: dataset 'json' split 'train' has 1 document(s), all held out "
+                                        "for val; pass more documents or a smaller --test_size\n")  # after the bar
+
+    def broken_stream():  # a stream that fails after some documents, as a dropped connection does
+        for doc in make_documents(20):
+            yield {'text': doc}
+        raise ConnectionError('connection reset by peer')
+    monkeypatch.setattr(openwebtext, 'WRITE_BUFFER', 50)  # so part of train.bin.tmp was written before the failure
+    with pytest.raises(common.PrepareError, match=r'could not read the dataset \(connection reset by peer\)'):
+        openwebtext.prepare_stream(datasets.IterableDataset.from_generator(broken_stream), tmp_path, tiny_encoding(),
+                                   10 ** 6, test_size=0.1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['one.jsonl', 'train.bin', 'val.bin']
+    assert all((tmp_path / name).read_bytes() == b'old' for name in ('train.bin', 'val.bin'))
+
+
+@pytest.mark.parametrize('max_tokens', [[], ['--max_tokens', '1_000']])
+def test_name_reaches_load_dataset(tmp_path, monkeypatch, capsys, max_tokens):
+    calls = []
+
+    def load_dataset(path, name, **kwargs):
+        calls.append((path, name, kwargs.get('streaming', False)))
+        raise ValueError(f'BuilderConfig {name!r} not found')
+    monkeypatch.setattr(openwebtext.datasets, 'load_dataset', load_dataset)
+    status, _, err = run_openwebtext(monkeypatch, capsys, '--dataset', 'HuggingFaceFW/fineweb-edu', '--name',
+                                     'sample-10BT', *max_tokens, '--out_dir', tmp_path / 'out')
+    assert calls == [('HuggingFaceFW/fineweb-edu', 'sample-10BT', bool(max_tokens))]
+    assert status == 2 and err.startswith("error: could not load dataset 'HuggingFaceFW/fineweb-edu' config "
+                                          "'sample-10BT' split 'train' (BuilderConfig 'sample-10BT' not found)")
+
+
+def test_openwebtext_script_rejects_a_budget_of_zero(tmp_path):
+    result = run_script('openwebtext', '--max_tokens', '0', '--out_dir', 'out', cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == 'error: --max_tokens 0 must be at least 1 (e.g. 10_000_000_000)\n'
+    assert not (tmp_path / 'out').exists()
 
 
 @pytest.mark.skipif(not gpt2_cached(), reason="tiktoken's gpt2 files are not cached (set TIKTOKEN_CACHE_DIR)")
