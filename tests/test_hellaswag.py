@@ -1,14 +1,20 @@
-"""HellaSwag scoring (training/hellaswag.py) on small files in HellaSwag's format written here: the batched, chunked
-scores against full logits, acc and acc_norm on a rigged model, the DDP split, and one-line errors.
+"""HellaSwag scoring (training/hellaswag.py, hellaswag.py) on small files in HellaSwag's format written here: the
+batched, chunked scores against full logits, acc and acc_norm on a rigged model, the DDP split, and one-line errors.
 
-No network: a tiny byte-level tiktoken encoding stands in for GPT-2's BPE."""
+No network: a tiny byte-level tiktoken encoding stands in for GPT-2's BPE; the command's end-to-end run needs
+tiktoken's gpt2 files cached (TIKTOKEN_CACHE_DIR) and is skipped otherwise."""
+import hashlib
 import json
+import os
+import tempfile
 
 import pytest
 import tiktoken
 import torch
 import torch.nn.functional as F
 
+from checkpoint import save_checkpoint
+from conftest import run_script
 from model import GPT, GPTConfig
 from training import hellaswag
 from training.hellaswag import HellaSwagError, cached_val_file, ending_losses, evaluate, read_examples, render
@@ -218,3 +224,62 @@ def test_the_download_is_cached_and_a_failed_one_leaves_nothing(tmp_path):
     assert not elsewhere.exists() or not any(elsewhere.iterdir())
     assert hellaswag.DATA_URL == 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl'
 
+
+# -----------------------------------------------------------------------------
+# the command
+
+def score(*args):
+    return run_script('hellaswag.py', '--device=cpu', '--dtype=float32', *args)
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith('error: ') and result.stderr.count('\n') == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr
+
+
+def save_tiny_checkpoint(out_dir, vocab_size):
+    torch.manual_seed(0)
+    model_args = dict(block_size=64, vocab_size=vocab_size, n_layer=1, n_head=2, n_embd=16, bias=False, dropout=0.0)
+    save_checkpoint({'model': GPT(GPTConfig(**model_args)).state_dict(), 'model_args': model_args}, out_dir)
+    return out_dir
+
+
+def test_command_bad_data_fails_in_one_line_before_loading_a_model(tmp_path):
+    bad = tmp_path / 'val.jsonl'
+    bad.write_text(json.dumps(EXAMPLES[0]) + '\n{"ctx": "A", "endings": ["a", "b", "c", "d"]}\n')
+    # out_dir has no checkpoint: the data is checked first
+    assert_one_line_error(score(f'--data_path={bad}', f'--out_dir={tmp_path}'), f'{bad} line 2', "'label'")
+    assert_one_line_error(score(f'--data_path={tmp_path / "missing.jsonl"}'), 'cannot read', 'missing.jsonl')
+    assert_one_line_error(score('--max_examples=-1'), 'max_examples')
+
+
+def test_command_refuses_a_character_level_model(tmp_path):
+    data = write_jsonl(tmp_path / 'val.jsonl', EXAMPLES)
+    out_dir = save_tiny_checkpoint(tmp_path / 'out', vocab_size=65)
+    assert_one_line_error(score(f'--data_path={data}', f'--out_dir={out_dir}'), "vocab_size is 65", "GPT-2's BPE")
+
+
+def gpt2_cached():
+    """Whether tiktoken's gpt2 files are in its cache, so get_encoding('gpt2') works offline."""
+    cache = (os.environ.get('TIKTOKEN_CACHE_DIR') or os.environ.get('DATA_GYM_CACHE_DIR')
+             or os.path.join(tempfile.gettempdir(), 'data-gym-cache'))
+    urls = ['https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe',
+            'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json']
+    return all(os.path.exists(os.path.join(cache, hashlib.sha1(url.encode()).hexdigest())) for url in urls)
+
+
+@pytest.mark.skipif(not gpt2_cached(), reason="tiktoken's gpt2 files are not cached (set TIKTOKEN_CACHE_DIR)")
+def test_command_scores_a_checkpoint_as_evaluate_does(tmp_path):
+    data = write_jsonl(tmp_path / 'val.jsonl', EXAMPLES)
+    out_dir = save_tiny_checkpoint(tmp_path / 'out', vocab_size=50304)
+    result = score(f'--data_path={data}', f'--out_dir={out_dir}', '--max_examples=5', '--batch_size=2')
+    assert result.returncode == 0, result.stderr
+    checkpoint = torch.load(out_dir / 'ckpt.pt', weights_only=True)
+    model = GPT(GPTConfig(**checkpoint['model_args']))
+    model.load_state_dict(checkpoint['model'])
+    expected = evaluate(model, read_examples(data, 5), tiktoken.get_encoding('gpt2'), 'cpu', batch_size=2)
+    assert result.stdout.splitlines()[-1] == (
+        f"hellaswag: 5 examples, acc {expected['acc']:.4f} ({expected['correct']}/5), "
+        f"acc_norm {expected['acc_norm']:.4f} ({expected['correct_norm']}/5)")
