@@ -142,17 +142,16 @@ def evaluate(model, examples, enc, device, ctx=nullcontext(), batch_size=8, rank
         counts = torch.tensor([r['correct'], r['correct_norm'], r['n']], device=device)
         dist.all_reduce(counts); correct, correct_norm, n = counts.tolist()  # acc = correct / n
     """
-    block_size = model.config.block_size
     share, counted = rank_share(examples, rank, world_size)
+    rendered = [render(example, enc, model.config.block_size) for example in share]  # its errors come before eval()
     was_training = model.training
     model.eval()
     correct = correct_norm = 0
     with tqdm(total=counted, unit='example', desc='hellaswag', disable=not progress) as bar:
         for start in range(0, len(share), batch_size):
-            batch = share[start:start + batch_size]
-            sum_loss, n_tokens = ending_losses(model, [render(ex, enc, block_size) for ex in batch], device, ctx)
-            k = max(0, min(len(batch), counted - start))  # the top-up example, last in the share, does not count
-            labels = torch.tensor([ex['label'] for ex in batch[:k]], device=sum_loss.device)
+            sum_loss, n_tokens = ending_losses(model, rendered[start:start + batch_size], device, ctx)
+            k = max(0, min(batch_size, counted - start))  # the top-up example, last in the share, does not count
+            labels = torch.tensor([example['label'] for example in share[start:start + k]], device=sum_loss.device)
             correct += (sum_loss[:k].argmin(1) == labels).sum().item()
             correct_norm += ((sum_loss[:k] / n_tokens[:k]).argmin(1) == labels).sum().item()
             bar.update(k)
