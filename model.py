@@ -156,11 +156,12 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, reduction='mean'):
         """Returns (logits, loss).
         With targets: (None, loss). loss is the mean cross-entropy over targets != -1, computed by
         chunked_cross_entropy without building the (B, T, vocab) logits; nanoGPT returned those logits here,
         and no caller of the training or evaluation loss uses them. Call with targets=None for logits.
+        reduction='none' (no gradients) gives the (B, T) losses of each position instead, 0 where targets are -1.
         Without targets: (logits of the last position, shape (B, 1, vocab), None), as nanoGPT does."""
         device = idx.device
         b, t = idx.size()
@@ -178,8 +179,9 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
 
         if targets is not None:
-            loss = self.loss_fn(x.view(b * t, -1), self.lm_head.weight, targets.view(-1), ignore_index=-1)
-            return None, loss
+            loss = self.loss_fn(x.view(b * t, -1), self.lm_head.weight, targets.view(-1), ignore_index=-1,
+                                reduction=reduction)
+            return None, (loss if reduction == 'mean' else loss.view(b, t))
         # inference-time mini-optimization: only forward the lm_head on the very last position
         logits = self.lm_head(x[:, [-1], :]) # note: using list [-1] to preserve the time dim
         return logits, None
@@ -340,7 +342,7 @@ def _scaled(x, factor, dtype):
     return torch.mul(x, factor, out=torch.empty(x.shape, dtype=dtype, device=x.device))
 
 def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
-                            need_hidden_grad, need_weight_grad):
+                            need_hidden_grad, need_weight_grad, per_row=False):
     """Mean cross-entropy of (hidden @ weight.T) against targets, chunk by chunk over the rows.
     With gradients asked for, they are computed in the same pass: d loss / d logits = (softmax - onehot) / n_valid
     for each chunk, then grad_hidden = g @ W and grad_weight += g.T @ h, so the total work is the three N*d*V
@@ -353,7 +355,8 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
     log2(e), so that exp2 (faster than exp on CPU) gives the exponentials, and the softmax's 1 / sum with
     1 / n_valid, so the buffer becomes exp - sum * onehot = sum * (softmax - onehot) and is never divided.
     Under fp16 those scales (down to 1 / (n_valid * V)) fall below fp16's normal range, so there the softmax is
-    normalized in fp32 before the cast and 1 / n_valid applied to the fp32 results."""
+    normalized in fp32 before the cast and 1 / n_valid applied to the fp32 results.
+    per_row=True returns the (N,) losses of the rows (0 on ignored rows) instead of their mean."""
     w = weight.to(compute_dtype)  # the matmuls run in the compute dtype; casts are explicit, so autocast changes nothing
     acc_dtype = torch.promote_types(compute_dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
     fold_scales = compute_dtype != torch.float16
@@ -364,6 +367,7 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
     safe_targets = torch.where(valid, targets, 0).unsqueeze(0)  # (1, N): vocabulary rows of the (V, rows) chunks
     row_factors = valid * inv_count  # (N,): 1 / n_valid, 0 on ignored rows
     loss_sum = torch.zeros((), dtype=acc_dtype, device=hidden.device)  # in bits (log base 2) until the end
+    row_losses = torch.empty(n_rows, dtype=acc_dtype, device=hidden.device) if per_row else None
     grad_hidden = torch.empty_like(hidden) if need_hidden_grad else None
     grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if need_weight_grad else None
     chunk_buffer = torch.empty(min(chunk_size, n_rows) * vocab_size, dtype=acc_dtype, device=hidden.device)
@@ -380,7 +384,10 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
         target_logits = exp_logits.gather(0, safe_targets[:, rows]).squeeze(0)
         exp_logits.sub_(row_max).exp2_()
         sum_exp = exp_logits.sum(0)  # >= 1: the max term is 2**0
-        loss_sum += torch.where(valid[rows], row_max + sum_exp.log2() - target_logits, 0.0).sum()
+        chunk_losses = torch.where(valid[rows], row_max + sum_exp.log2() - target_logits, 0.0)
+        loss_sum += chunk_losses.sum()
+        if row_losses is not None:
+            row_losses[rows] = chunk_losses
         if grad_hidden is None and grad_weight is None:
             continue
         if fold_scales:
@@ -404,7 +411,8 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
         del g
     if grad_weight is not None and not fold_scales:
         grad_weight.mul_(inv_count)
-    return loss_sum * (inv_count * LN2), grad_hidden, grad_weight
+    loss = row_losses.mul_(LN2) if per_row else loss_sum * (inv_count * LN2)
+    return loss, grad_hidden, grad_weight
 
 
 def _graph_is_kept():
@@ -440,18 +448,38 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None, None
 
 
+def _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype):
+    """The (N,) losses, 0 on ignored rows: only the other rows are projected onto the vocabulary."""
+    keep = targets != ignore_index
+    kept = _chunked_loss_and_grads(hidden[keep], weight, targets[keep], ignore_index, chunk_size, compute_dtype,
+                                   False, False, per_row=True)[0]
+    losses = kept.new_zeros(targets.shape)
+    losses[keep] = kept
+    return losses
+
+
 @torch.compiler.disable  # a graph break here is cheap; the chunk loop stays eager under torch.compile
-def chunked_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None):
+def chunked_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean'):
     """Mean cross-entropy of the logits `hidden @ weight.T` against `targets`, ignoring `ignore_index`,
     without ever holding more than about chunk_size x V logits.
 
     hidden (N, d), weight (V, d), targets (N,) -> scalar. chunk_size=None uses default_chunk_size(V).
     With gradients enabled the forward pass also computes both gradients (weight gradient accumulated in fp32);
-    under no_grad it computes the loss only. If every target is ignored the loss is 0 (not NaN)."""
+    under no_grad it computes the loss only. If every target is ignored the loss is 0 (not NaN).
+    reduction='none' returns the (N,) loss of each row instead, 0 on ignored rows, as F.cross_entropy does; it is
+    for evaluation: ignored rows skip the vocabulary projection, and it has no gradients (an error if asked for)."""
     if chunk_size is None:
         chunk_size = default_chunk_size(weight.shape[0])
     compute_dtype = _compute_dtype(hidden, weight)
-    if not torch.is_grad_enabled() or not (hidden.requires_grad or weight.requires_grad):
+    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if reduction == 'none':
+        if wants_grad:
+            raise RuntimeError("chunked_cross_entropy(reduction='none') has no gradients: call it under torch.no_grad()")
+        with torch.no_grad():
+            return _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype)
+    if reduction != 'mean':
+        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+    if not wants_grad:
         with torch.no_grad():
             return _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, False, False)[0]
     return _LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_size, compute_dtype)

@@ -14,9 +14,8 @@ from contextlib import nullcontext
 import torch
 
 import configurator
-from model import GPTConfig, GPT
 from prepare.common import get_encoding
-from training.checkpoint import load_checkpoint, load_model_state
+from training.checkpoint import load_model
 from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
 from training.errors import ConfigError, fail, first_line
 
@@ -54,34 +53,17 @@ torch.cuda.manual_seed(seed)
 ptdtype = TORCH_DTYPES[dtype]
 ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 
-# model
-if init_from == 'resume':
-    # init from a model saved in a specific directory
-    try:
-        checkpoint = load_checkpoint(out_dir, device)
-        model = GPT(GPTConfig(**checkpoint['model_args']))
-        load_model_state(model, checkpoint, out_dir)
-    except ConfigError as e:
-        fail(e)
-elif init_from in GPT.PRETRAINED_ARGS:
-    # init from a given GPT-2 model
-    try:
-        model = GPT.from_pretrained(init_from, dict(dropout=0.0))
-    except Exception as e: # no transformers, no network, no cached weights: the fixes are the same
-        fail(f'could not load the {init_from} weights ({first_line(e)}): pip install transformers, and download '
-             f'them once with network access (Hugging Face cache)')
-else:
-    fail(f"unknown init_from {init_from!r}: use 'resume' or one of {', '.join(GPT.PRETRAINED_ARGS)}")
-
-model.eval()
-model.to(device)
+# model: from a checkpoint in out_dir, or OpenAI's GPT-2 weights
+try:
+    model, train_config = load_model(init_from, out_dir, device)
+except ConfigError as e:
+    fail(e)
 if compile:
     model = torch.compile(model) # requires PyTorch 2.0 (optional)
 
 # look for the meta pickle in case it is available in the dataset folder
 meta_path = None
-if init_from == 'resume' and 'dataset' in checkpoint.get('config', {}):
-    train_config = checkpoint['config']
+if 'dataset' in train_config:
     meta_path = os.path.join(train_config.get('data_dir', 'data'), train_config['dataset'], 'meta.pkl')
 vocab_size = model.config.vocab_size
 if meta_path is not None and os.path.exists(meta_path):
@@ -116,7 +98,6 @@ else:
         fail(e)
     encode = lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})
     decode = lambda l: enc.decode(l)
-checkpoint = None # free up memory
 
 # encode the beginning of the prompt
 if start.startswith('FILE:'):

@@ -43,9 +43,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import configurator
 from model import GPTConfig, GPT
 from training import rules
-from training.checkpoint import checkpoint_path, load_checkpoint, load_model_state, save_checkpoint
+from training.checkpoint import (checkpoint_path, load_checkpoint, load_model_state, pretrained_model,
+                                 save_checkpoint)
 from training.device import TORCH_DTYPES, check_device, peak_flops
-from training.errors import ConfigError, fail, first_line
+from training.errors import ConfigError, fail
 from training.memory.advice import cuda_memory_stats, oom_advice
 from training.optim import build_optimizer
 from training.paths import check_writable_dir
@@ -226,10 +227,9 @@ except ConfigError as e:
     fail(e)
 if init_from in GPT.PRETRAINED_ARGS:
     try:
-        model = GPT.from_pretrained(init_from, dict(dropout=dropout)) # only dropout can be overridden
-    except Exception as e: # no transformers, no network, no cached weights: the fixes are the same
-        fail(f'could not load the {init_from} weights ({first_line(e)}): pip install transformers, and download '
-             f'them once with network access (Hugging Face cache)')
+        model = pretrained_model(init_from, dropout) # only dropout can be overridden
+    except ConfigError as e:
+        fail(e)
     if crop is not None: # crop down the model block size if desired, using model surgery
         model.crop_block_size(crop)
 else:

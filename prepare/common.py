@@ -56,8 +56,9 @@ def add_encoding_arg(parser):
                              'offline, set TIKTOKEN_CACHE_DIR to a folder holding its cached files')
 
 
-def download(url, path):
-    """Fetch `url` into `path` through a temporary file, so a failed download leaves nothing behind."""
+def download(url, path, fix='fetch the file another way and pass --input PATH'):
+    """Fetch `url` into `path` through a temporary file, so a failed download leaves nothing behind.
+    `fix` ends the error message: what the user can do instead."""
     print(f'downloading {url} to {path}')
     try:
         with urllib.request.urlopen(url, timeout=60) as response:
@@ -65,8 +66,7 @@ def download(url, path):
             with atomic_files(path) as (tmp,), open(tmp, 'wb') as f:
                 shutil.copyfileobj(response, f)
     except (OSError, ValueError) as e:  # URLError, HTTPError and timeouts are OSErrors; a malformed URL is a ValueError
-        raise PrepareError(f'could not download {url} ({first_line(e)}); '
-                           f'fetch the file another way and pass --input PATH') from None
+        raise PrepareError(f'could not download {url} ({first_line(e)}); {fix}') from None
 
 
 def read_text(input_path, url, out_dir):

@@ -1,6 +1,7 @@
 """model.py: the chunked loss against the naive reference, and the GPT in nanoGPT's shape."""
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -87,6 +88,38 @@ def test_no_grad_computes_loss_only():
     torch.testing.assert_close(loss, naive(h, w, t).detach())
 
 
+def test_reduction_none_matches_naive_per_row_losses():
+    for dtype, tol in [(torch.float64, 1e-12), (torch.float32, 1e-5)]:
+        h, w, t = make(dtype=dtype)
+        t[::5] = -1
+        with torch.no_grad():
+            ours = chunked_cross_entropy(h, w, t, chunk_size=7, reduction='none')
+        ref = F.cross_entropy(h @ w.t(), t, ignore_index=-1, reduction='none')
+        assert ours.shape == (300,) and ours.dtype == dtype
+        assert (ours[::5] == 0).all() and (ours[1::5] > 0).all()
+        torch.testing.assert_close(ours, ref.detach(), rtol=tol, atol=tol)
+
+
+def test_reduction_none_under_bf16_autocast_and_all_ignored():
+    h, w, t = make()
+    t[1::3] = -1
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = chunked_cross_entropy(h, w, t, chunk_size=64, reduction='none')
+        ref = F.cross_entropy(h @ w.t(), t, ignore_index=-1, reduction='none')
+        nothing = chunked_cross_entropy(h, w, torch.full_like(t, -1), reduction='none')
+    assert ours.dtype == torch.float32  # as F.cross_entropy under autocast
+    torch.testing.assert_close(ours, ref.float(), rtol=5e-2, atol=5e-2)
+    assert nothing.shape == (300,) and (nothing == 0).all()
+
+
+def test_reduction_none_refuses_gradients_and_unknown_reductions():
+    h, w, t = make()
+    with pytest.raises(RuntimeError, match='no gradients'):
+        chunked_cross_entropy(h, w, t, reduction='none')
+    with pytest.raises(ValueError, match="'sum'"):
+        chunked_cross_entropy(h, w, t, reduction='sum')
+
+
 def largest_tensor(tracker):
     """The most elements of any tensor whose storage was allocated under `tracker` (since its last reset_peak)."""
     return max(math.prod(shape) for shape, _, _ in tracker.allocations)
@@ -143,6 +176,21 @@ def test_gpt_loss_matches_naive_head_and_tied_weight_gets_both_gradients():
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(ours, model.lm_head.weight.grad)
     assert model.transformer.wte.weight is model.lm_head.weight
+
+
+def test_gpt_reduction_none_gives_each_positions_loss():
+    model = tiny_gpt().eval()
+    x = torch.randint(0, 50, (3, 16))
+    y = torch.randint(0, 50, (3, 16))
+    y[:, :5] = -1
+    with torch.no_grad():
+        _, losses = model(x, y, reduction='none')
+        _, mean = model(x, y)
+        logits = model.lm_head(model.transformer.ln_f(_blocks(model, x)))
+    ref = F.cross_entropy(logits.view(-1, 50), y.view(-1), ignore_index=-1, reduction='none').view(3, 16)
+    assert losses.shape == (3, 16) and (losses[:, :5] == 0).all()
+    torch.testing.assert_close(losses, ref)
+    torch.testing.assert_close(losses.sum() / 33, mean)
 
 
 def _blocks(model, x):

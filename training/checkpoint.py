@@ -1,4 +1,5 @@
-"""ckpt.pt in nanoGPT's format, saved atomically and loaded with one-line errors; used by train.py and sample.py.
+"""ckpt.pt in nanoGPT's format, saved atomically and loaded with one-line errors, and the models that sample.py and
+hellaswag.py load from it or from OpenAI's GPT-2 weights.
 
 nanoGPT's keys: model, optimizer, model_args, iter_num, best_val_loss, config. train.py adds what exact resume
 needs (scaler, rng_states); a checkpoint without them, e.g. one written by nanoGPT, loads all the same.
@@ -9,6 +10,7 @@ import zipfile
 
 import torch
 
+from model import GPT, GPTConfig
 from training.errors import ConfigError, first_line
 
 CKPT_NAME = 'ckpt.pt'
@@ -103,3 +105,29 @@ def load_model_state(model, checkpoint, out_dir):
     except RuntimeError as e:
         raise CheckpointError(f'{checkpoint_path(out_dir)} does not match its model_args '
                               f"({first_line(' '.join(str(e).split()), limit=240)})") from None
+
+
+def pretrained_model(init_from, dropout=0.0):
+    """OpenAI's GPT-2 weights `init_from` (gpt2, gpt2-medium, gpt2-large, gpt2-xl) through Hugging Face transformers,
+    with this dropout; ConfigError with the fix if they cannot be loaded."""
+    try:
+        return GPT.from_pretrained(init_from, dict(dropout=dropout))  # only dropout can be overridden
+    except Exception as e:  # no transformers, no network, no cached weights: the fixes are the same
+        raise ConfigError(f'could not load the {init_from} weights ({first_line(e)}): pip install transformers, and '
+                          f'download them once with network access (Hugging Face cache)') from None
+
+
+def load_model(init_from, out_dir, device):
+    """(model, the config it was trained with or {}) for sampling and evaluation: out_dir's ckpt.pt with
+    init_from='resume', or OpenAI's GPT-2 weights; in eval mode, on `device`. ConfigError with one line otherwise."""
+    if init_from == 'resume':
+        checkpoint = load_checkpoint(out_dir, device)
+        model = GPT(GPTConfig(**checkpoint['model_args']))
+        load_model_state(model, checkpoint, out_dir)
+        train_config = checkpoint.get('config') or {}
+    elif init_from in GPT.PRETRAINED_ARGS:
+        model, train_config = pretrained_model(init_from), {}
+    else:
+        raise ConfigError(f"unknown init_from {init_from!r}: use 'resume' or one of {', '.join(GPT.PRETRAINED_ARGS)}")
+    model.eval()
+    return model.to(device), train_config

@@ -54,10 +54,10 @@ def gib(n):
     return f'{n / GIB:.2f} GiB'
 
 
-def naive_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None):
+def naive_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean'):
     """nanoGPT's loss: the full (N, vocab) logits, then cross-entropy. CUDA autocast runs cross-entropy's log_softmax
     in fp32 (CPU autocast keeps bf16), so the cast is explicit here and the trace matches the GPU."""
-    return F.cross_entropy(F.linear(hidden, weight).float(), targets, ignore_index=ignore_index)
+    return F.cross_entropy(F.linear(hidden, weight).float(), targets, ignore_index=ignore_index, reduction=reduction)
 
 
 

@@ -1,0 +1,77 @@
+"""
+Score a model on HellaSwag's validation set (10,042 examples): acc and acc_norm, defined in training/hellaswag.py.
+$ python hellaswag.py --out_dir=out                      # the checkpoint in out/ckpt.pt
+$ python hellaswag.py --init_from=gpt2 --dtype=float32    # OpenAI's GPT-2 124M
+$ python hellaswag.py --init_from=gpt2 --max_examples=500 # a quick look
+
+The data is downloaded once to data/hellaswag/hellaswag_val.jsonl; offline, --data_path=PATH reads a copy of it.
+The text is tokenized with GPT-2's BPE (tiktoken), so the model must have been trained on it.
+"""
+import sys
+from contextlib import nullcontext
+
+import torch
+
+import configurator
+from model import GPT
+from prepare.common import get_encoding
+from training.checkpoint import load_model
+from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
+from training.errors import ConfigError, fail
+from training.hellaswag import cached_val_file, evaluate, read_examples
+
+GPT2_VOCAB_SIZE = 50257
+
+# -----------------------------------------------------------------------------
+defaults = dict(
+    init_from='resume', # either 'resume' (from an out_dir) or a gpt2 variant (e.g. 'gpt2-xl')
+    out_dir='out', # ignored if init_from is not 'resume'
+    data_path='', # a HellaSwag jsonl file; '' = data/hellaswag/hellaswag_val.jsonl, downloaded the first time
+    max_examples=0, # score only the first max_examples examples; 0 = all
+    batch_size=16, # examples a forward pass, 4 rows each
+    device=default_device(), # examples: 'cpu', 'cuda', 'cuda:0', 'cuda:1', etc. (the GPU if there is one)
+    dtype=default_dtype(default_device()), # 'float32' or 'bfloat16' or 'float16', as train.py's default
+    compile=False, # use PyTorch 2.0 to compile the model to be faster
+)
+try:
+    config = configurator.load_config(defaults, sys.argv[1:])
+    device_type = check_device(config['device'], config['dtype'])
+except ConfigError as e:
+    fail(e)
+globals().update(config)
+if max_examples < 0:
+    fail(f'max_examples must be 0 (all) or positive, got {max_examples}')
+if batch_size < 1:
+    fail(f'batch_size must be at least 1, got {batch_size}')
+if init_from != 'resume' and init_from not in GPT.PRETRAINED_ARGS:
+    fail(f"unknown init_from {init_from!r}: use 'resume' or one of {', '.join(GPT.PRETRAINED_ARGS)}")
+# -----------------------------------------------------------------------------
+
+# the data first: its errors show before any weights are loaded
+try:
+    examples = read_examples(data_path or cached_val_file(), max_examples)
+except ConfigError as e:
+    fail(e)
+
+ptdtype = TORCH_DTYPES[dtype]
+ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+
+# model: from a checkpoint in out_dir, or OpenAI's GPT-2 weights, as sample.py loads them
+try:
+    model, _ = load_model(init_from, out_dir, device)
+except ConfigError as e:
+    fail(e)
+if model.config.vocab_size < GPT2_VOCAB_SIZE:
+    fail(f"the model's vocab_size is {model.config.vocab_size}: HellaSwag is scored with GPT-2's BPE "
+         f"({GPT2_VOCAB_SIZE} tokens), so it needs a model trained on GPT-2 tokens, not on characters")
+if compile:
+    model = torch.compile(model) # requires PyTorch 2.0 (optional)
+
+try:
+    enc = get_encoding('gpt2')
+    result = evaluate(model, examples, enc, device, ctx, batch_size, progress=True)
+except ConfigError as e:
+    fail(e)
+n = result['n']
+print(f"hellaswag: {n} examples, acc {result['acc']:.4f} ({result['correct']}/{n}), "
+      f"acc_norm {result['acc_norm']:.4f} ({result['correct_norm']}/{n})")

@@ -1,0 +1,290 @@
+"""HellaSwag scoring (training/hellaswag.py, hellaswag.py) on small files in HellaSwag's format written here: the
+batched, chunked scores against full logits, acc and acc_norm on a rigged model, the DDP split, and one-line errors.
+
+No network: a tiny byte-level tiktoken encoding stands in for GPT-2's BPE; the command's end-to-end run needs
+tiktoken's gpt2 files cached (TIKTOKEN_CACHE_DIR) and is skipped otherwise."""
+import hashlib
+import json
+import os
+import tempfile
+
+import pytest
+import tiktoken
+import torch
+import torch.nn.functional as F
+
+from helpers import run_script
+from model import GPT, GPTConfig
+from training.checkpoint import save_checkpoint
+from training.errors import ConfigError
+from training import hellaswag
+from training.hellaswag import HellaSwagError, cached_val_file, ending_losses, evaluate, read_examples, render
+
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# as in HellaSwag's files, with the fields the scorer ignores
+EXAMPLES = [
+    dict(ind=0, activity_label='Cats', ctx='The cat sat on the', endings=['mat.', 'moon', 'sofa and slept', 'a'],
+         label=0, split='val'),
+    dict(ind=1, activity_label='Cooking', ctx='She cracks two eggs into the bowl and then she',
+         endings=['whisks them.', 'sings', 'puts the bowl in the oven with the shells', 'x'], label=2, split='val'),
+    dict(ind=2, activity_label='Roof', ctx='A man is sitting on a roof. he',
+         endings=['is using wrap to wrap', 'is ripping tiles off.', 'holds a cube.', 'starts pulling up'], label=3,
+         split='val'),
+    dict(ind=3, activity_label='Tea', ctx='Tea', endings=['is hot.', 'the', 'in the pot', 'er'], label=1, split='val'),
+    dict(ind=4, activity_label='Run', ctx='They run along the beach until the sun', endings=['sets.', 'is', 'the', ''],
+         label=0, split='val'),
+    dict(ind=5, activity_label='Dog', ctx='The dog', endings=['barks at the', 'the the', 'sleeps.', 'in'], label=2,
+         split='val'),
+    dict(ind=6, activity_label='Rain', ctx='It rained all day, so they stayed inside and',
+         endings=['played cards', 'sunbathed', 'the', 'slept in their beds'], label=0, split='val'),
+]
+
+
+def tiny_encoding():
+    """Byte-level BPE: the 256 bytes and a few merges (' t', ' the', ...), 264 tokens."""
+    ranks = {bytes([b]): b for b in range(256)}
+    for merge in [b'th', b'he', b'the', b'in', b'er', b' s', b' t', b' the']:
+        ranks[merge] = len(ranks)
+    return tiktoken.Encoding(name='tiny', pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={})
+
+
+def write_jsonl(path, examples):
+    path.write_text(''.join(json.dumps(example) + '\n' for example in examples), encoding='utf-8')
+    return path
+
+
+def tiny_gpt(block_size=64, vocab_size=320, **kw):
+    """A random 2-layer GPT in float64 with large embeddings, so its next-token distributions are far from uniform
+    and no two endings tie."""
+    torch.manual_seed(0)
+    config = dict(block_size=block_size, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=32, bias=True, **kw)
+    model = GPT(GPTConfig(**config)).double().eval()
+    with torch.no_grad():
+        model.transformer.wte.weight.normal_(0.0, 1.0)
+    return model
+
+
+def reference_losses(model, example, enc):
+    """(summed, mean) loss of each ending, from the full logits of context + ending, one ending at a time."""
+    ctx = enc.encode(example['ctx'])
+    endings = [enc.encode(' ' + ending) for ending in example['endings']]
+    ctx = ctx[-(model.config.block_size + 1 - max(map(len, endings))):]  # crop the oldest context tokens to fit
+    sums, means = [], []
+    for ending in endings:
+        tokens = torch.tensor([ctx + ending])
+        x = model.transformer.wte(tokens[:, :-1]) + model.transformer.wpe(torch.arange(tokens.shape[1] - 1))
+        for block in model.transformer.h:
+            x = block(x)
+        logits = model.lm_head(model.transformer.ln_f(x))[0]
+        losses = F.cross_entropy(logits[len(ctx) - 1:], tokens[0, len(ctx):], reduction='none')
+        sums.append(losses.sum())
+        means.append(losses.mean())
+    return torch.stack(sums), torch.stack(means)
+
+
+@pytest.mark.parametrize('block_size', [64, 32])  # 32: four of the seven contexts are cropped
+def test_batched_scores_match_full_logits_reference(tmp_path, block_size):
+    enc = tiny_encoding()
+    model = tiny_gpt(block_size)
+    examples = read_examples(write_jsonl(tmp_path / 'val.jsonl', EXAMPLES))
+    with torch.no_grad():
+        ref = [reference_losses(model, example, enc) for example in examples]
+    ref_sums = torch.stack([sums for sums, _ in ref])
+    ref_means = torch.stack([means for _, means in ref])
+
+    rendered = [render(example, enc, block_size) for example in examples]
+    sums, counts = ending_losses(model, rendered, 'cpu')  # all 7 examples padded into one batch
+    torch.testing.assert_close(sums, ref_sums, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(sums / counts, ref_means, rtol=1e-10, atol=1e-10)
+
+    labels = torch.tensor([example['label'] for example in examples])
+    expected_correct = (ref_sums.argmin(1) == labels).sum().item()
+    expected_correct_norm = (ref_means.argmin(1) == labels).sum().item()
+    assert ref_sums.argmin(1).tolist() != ref_means.argmin(1).tolist()  # the two accuracies are told apart here
+    for batch_size in (1, 3, 8):
+        result = evaluate(model, examples, enc, 'cpu', batch_size=batch_size)
+        assert result == dict(acc=expected_correct / 7, acc_norm=expected_correct_norm / 7, n=7,
+                              correct=expected_correct, correct_norm=expected_correct_norm)
+
+
+def rigged_gpt(next_token_logits):
+    """A GPT whose next-token logits are `next_token_logits` at every position, whatever the input: the final
+    layer norm outputs its bias, e_0, and the head's column 0 holds the logits."""
+    model = GPT(GPTConfig(block_size=64, vocab_size=len(next_token_logits), n_layer=1, n_head=2, n_embd=16,
+                          bias=True)).eval()
+    with torch.no_grad():
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.zero_()[0] = 1.0
+        model.lm_head.weight[:, 0] = next_token_logits
+    return model
+
+
+def test_acc_sums_and_acc_norm_averages_the_ending_losses():
+    """Every token costs lse - z[token], lse = log(sum(exp(z))) ~ 6.4, with z = 5 for ' ' and 'b', 3 for 'a', 0 for
+    the rest. ' a' costs 2 lse - 8 ~ 4.7 in all, lse - 4 ~ 2.4 a token: the lowest sum. ' bbbbbbbb' costs 9 lse - 45 ~
+    12.2 in all, lse - 5 ~ 1.4 a token: the lowest mean. ' zzz' and ' zz' are worse in both."""
+    enc = tiny_encoding()
+    z = torch.zeros(320)
+    z[enc.encode(' ')] = 5.0
+    z[enc.encode('b')] = 5.0
+    z[enc.encode('a')] = 3.0
+    model = rigged_gpt(z)
+    context = 'It is'
+    cases = [  # (endings, label, (acc, acc_norm))
+        (['zzz', 'a', 'bbbbbbbb', 'zz'], 1, (1.0, 0.0)),  # the label has the lowest sum, not the lowest mean
+        (['bbbbbbbb', 'zzz', 'zz', 'a'], 0, (0.0, 1.0)),  # the label has the lowest mean, not the lowest sum
+        (['zzz', 'zz', 'zzzz', 'a'], 3, (1.0, 1.0)),  # both
+        (['zz', 'bbbbbbbb', 'zzz', 'a'], 2, (0.0, 0.0)),  # neither
+    ]
+    for endings, label, (acc, acc_norm) in cases:
+        result = evaluate(model, [dict(ctx=context, endings=endings, label=label)], enc, 'cpu')
+        assert (result['acc'], result['acc_norm']) == (acc, acc_norm), endings
+
+
+def test_ddp_shares_add_up_with_the_same_forwards_on_every_rank():
+    enc = tiny_encoding()
+    model = tiny_gpt()
+    examples = [dict(ctx=e['ctx'], endings=e['endings'], label=e['label']) for e in EXAMPLES]
+    sums, _ = ending_losses(model, [render(example, enc, 64) for example in examples], 'cpu')
+    # labels the model gets right by acc: a top-up example that counted would show in the sums
+    examples = [dict(example, label=int(label)) for example, label in zip(examples, sums.argmin(1))]
+    whole = evaluate(model, examples, enc, 'cpu', batch_size=2)
+    assert whole['correct'] == 7
+    forwards = []
+    model.register_forward_hook(lambda module, args, output: forwards.append(args[0].shape[0]))
+    shares = []
+    for rank in range(3):  # 7 examples: 3, 2 and 2 of them, each rank 2 forwards (the short ones topped up)
+        forwards.clear()
+        shares.append(evaluate(model, examples, enc, 'cpu', batch_size=2, rank=rank, world_size=3))
+        assert forwards == [8, 4]
+    assert [share['n'] for share in shares] == [3, 2, 2]
+    for key in ('n', 'correct', 'correct_norm'):
+        assert sum(share[key] for share in shares) == whole[key]
+
+
+def test_evaluate_scores_without_dropout_and_restores_train_mode():
+    enc = tiny_encoding()
+    model = tiny_gpt(dropout=0.5)
+    examples = [dict(ctx=e['ctx'], endings=e['endings'], label=e['label']) for e in EXAMPLES]
+    expected = evaluate(model, examples, enc, 'cpu')
+    model.train()
+    assert evaluate(model, examples, enc, 'cpu') == expected
+    assert model.training
+
+
+def test_an_ending_longer_than_the_block_is_an_error():
+    with pytest.raises(HellaSwagError, match="block_size of 4"):
+        render(dict(ctx='The cat', endings=['sat on the mat', 'a', 'b', 'c'], label=0), tiny_encoding(), 4)
+
+
+def test_max_examples_reads_only_the_first(tmp_path):
+    path = write_jsonl(tmp_path / 'val.jsonl', EXAMPLES[:3])
+    with open(path, 'a') as f:
+        f.write('not json\n')
+    assert [example['ctx'] for example in read_examples(path, max_examples=2)] == [e['ctx'] for e in EXAMPLES[:2]]
+    assert read_examples(path, max_examples=2)[1] == dict(ctx=EXAMPLES[1]['ctx'], endings=EXAMPLES[1]['endings'],
+                                                          label=EXAMPLES[1]['label'])
+
+
+BAD_LINES = [  # (second line of the file, what the message says)
+    ('{"ctx": "A", "endings": ["a", "b", "c", "d"]', 'not valid JSON'),
+    ('[1, 2]', 'expected a JSON object'),
+    ('{"ctx": "A", "label": 0}', "no field 'endings'"),
+    ('{"endings": ["a", "b", "c", "d"], "label": 0}', "no field 'ctx'"),
+    ('{"ctx": "A", "endings": ["a", "b", "c", "d"]}', "no field 'label'"),
+    ('{"ctx": "", "endings": ["a", "b", "c", "d"], "label": 0}', "field 'ctx' must be a non-empty string"),
+    ('{"ctx": "A", "endings": ["a", "b", "c"], "label": 0}', "field 'endings' must be a list of 4 strings"),
+    ('{"ctx": "A", "endings": ["a", "b", "c", 4], "label": 0}', "field 'endings' must be a list of 4 strings"),
+    ('{"ctx": "A", "endings": ["a", "b", "c", "d"], "label": 4}', "field 'label' must be 0, 1, 2 or 3, got 4"),
+    ('{"ctx": "A", "endings": ["a", "b", "c", "d"], "label": "1"}', "field 'label' must be 0, 1, 2 or 3, got '1'"),
+]
+
+
+@pytest.mark.parametrize('line, message', BAD_LINES)
+def test_bad_lines_name_the_file_line_and_field(tmp_path, line, message):
+    path = tmp_path / 'val.jsonl'
+    path.write_text(json.dumps(EXAMPLES[0]) + '\n' + line + '\n', encoding='utf-8')
+    with pytest.raises(HellaSwagError) as error:
+        read_examples(path)
+    assert str(error.value).startswith(f'{path} line 2: {message}') and '\n' not in str(error.value)
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(HellaSwagError, match='cannot read .*nothing.jsonl'):
+        read_examples(tmp_path / 'nothing.jsonl')
+    (tmp_path / 'empty.jsonl').write_text('\n')
+    with pytest.raises(HellaSwagError, match='empty.jsonl has no examples'):
+        read_examples(tmp_path / 'empty.jsonl')
+
+
+def test_the_download_is_cached_and_a_failed_one_leaves_nothing(tmp_path):
+    source = write_jsonl(tmp_path / 'source.jsonl', EXAMPLES)
+    cache = tmp_path / 'data' / 'hellaswag'
+    path = cached_val_file(cache, url=source.as_uri())
+    assert path == str(cache / 'hellaswag_val.jsonl') and len(read_examples(path)) == len(EXAMPLES)
+    assert cached_val_file(cache, url='file:///nonexistent/hellaswag_val.jsonl') == path  # no second download
+    elsewhere = tmp_path / 'elsewhere'
+    with pytest.raises(ConfigError, match='could not download .*--data_path=PATH'):
+        cached_val_file(elsewhere, url='file:///nonexistent/hellaswag_val.jsonl')
+    assert not elsewhere.exists() or not any(elsewhere.iterdir())
+    assert hellaswag.DATA_URL == 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl'
+
+
+# -----------------------------------------------------------------------------
+# the command
+
+def score(*args):
+    return run_script('hellaswag.py', '--device=cpu', '--dtype=float32', *args)
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith('error: ') and result.stderr.count('\n') == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr
+
+
+def save_tiny_checkpoint(out_dir, vocab_size):
+    torch.manual_seed(0)
+    model_args = dict(block_size=64, vocab_size=vocab_size, n_layer=1, n_head=2, n_embd=16, bias=False, dropout=0.0)
+    save_checkpoint({'model': GPT(GPTConfig(**model_args)).state_dict(), 'model_args': model_args}, out_dir)
+    return out_dir
+
+
+def test_command_bad_data_fails_in_one_line_before_loading_a_model(tmp_path):
+    bad = tmp_path / 'val.jsonl'
+    bad.write_text(json.dumps(EXAMPLES[0]) + '\n{"ctx": "A", "endings": ["a", "b", "c", "d"]}\n')
+    # out_dir has no checkpoint: the data is checked first
+    assert_one_line_error(score(f'--data_path={bad}', f'--out_dir={tmp_path}'), f'{bad} line 2', "'label'")
+    assert_one_line_error(score(f'--data_path={tmp_path / "missing.jsonl"}'), 'cannot read', 'missing.jsonl')
+    assert_one_line_error(score('--max_examples=-1'), 'max_examples')
+
+
+def test_command_refuses_a_character_level_model(tmp_path):
+    data = write_jsonl(tmp_path / 'val.jsonl', EXAMPLES)
+    out_dir = save_tiny_checkpoint(tmp_path / 'out', vocab_size=65)
+    assert_one_line_error(score(f'--data_path={data}', f'--out_dir={out_dir}'), "vocab_size is 65", "GPT-2's BPE")
+
+
+def gpt2_cached():
+    """Whether tiktoken's gpt2 files are in its cache, so get_encoding('gpt2') works offline."""
+    cache = (os.environ.get('TIKTOKEN_CACHE_DIR') or os.environ.get('DATA_GYM_CACHE_DIR')
+             or os.path.join(tempfile.gettempdir(), 'data-gym-cache'))
+    urls = ['https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe',
+            'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json']
+    return all(os.path.exists(os.path.join(cache, hashlib.sha1(url.encode()).hexdigest())) for url in urls)
+
+
+@pytest.mark.skipif(not gpt2_cached(), reason="tiktoken's gpt2 files are not cached (set TIKTOKEN_CACHE_DIR)")
+def test_command_scores_a_checkpoint_as_evaluate_does(tmp_path):
+    data = write_jsonl(tmp_path / 'val.jsonl', EXAMPLES)
+    out_dir = save_tiny_checkpoint(tmp_path / 'out', vocab_size=50304)
+    result = score(f'--data_path={data}', f'--out_dir={out_dir}', '--max_examples=5', '--batch_size=2')
+    assert result.returncode == 0, result.stderr
+    checkpoint = torch.load(out_dir / 'ckpt.pt', weights_only=True)
+    model = GPT(GPTConfig(**checkpoint['model_args']))
+    model.load_state_dict(checkpoint['model'])
+    expected = evaluate(model, read_examples(data, 5), tiktoken.get_encoding('gpt2'), 'cpu', batch_size=2)
+    assert result.stdout.splitlines()[-1] == (
+        f"hellaswag: 5 examples, acc {expected['acc']:.4f} ({expected['correct']}/5), "
+        f"acc_norm {expected['acc_norm']:.4f} ({expected['correct_norm']}/5)")

@@ -1,0 +1,158 @@
+"""HellaSwag (Zellers et al. 2019, https://github.com/rowanz/hellaswag) for base models: the validation set, read
+with one-line errors, and the scoring of a GPT on it.
+
+Each example is a context `ctx` and 4 `endings`, `label` the right one. Scored as Karpathy's llm.c and build-nanogpt
+do (dev/data/hellaswag.py, "completion style"), the source of the GPT-2 reference scores in README.md: the tokens of
+ctx followed by those of ' ' + ending (with the leading space GPT-2's BPE puts on a word), and the model's
+cross-entropy on each token of the ending given everything before it.
+- acc: the prediction is the ending with the lowest summed loss (the highest log-likelihood).
+- acc_norm: the prediction is the ending with the lowest mean loss per ending token.
+Ties go to the first ending, as there. (lm-evaluation-harness's HellaSwag differs in its prompt, "activity_label:
+ctx_a Ctx_b" with WikiHow's [bracket] tags removed, and its acc_norm divides the log-likelihood by the ending's
+length in characters, so its numbers are not these.)
+
+train.py can call evaluate() with its model; the memory is that of the forward pass, as in training: the losses
+come from chunked_cross_entropy over the ending tokens' rows only, never the (batch, T, vocab) logits.
+"""
+import json
+import math
+import os
+from contextlib import nullcontext
+
+import torch
+from tqdm import tqdm
+
+from prepare.common import download
+from training.errors import ConfigError
+
+DATA_URL = 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl'
+DATA_DIR = os.path.join('data', 'hellaswag')  # relative to the current directory, as every data path
+NUM_ENDINGS = 4
+
+
+class HellaSwagError(ConfigError):
+    """A data problem the user can fix; str(e) is the one-line message."""
+
+
+def cached_val_file(data_dir=DATA_DIR, url=DATA_URL):
+    """data_dir/hellaswag_val.jsonl, downloaded from `url` the first time (through a temporary file)."""
+    path = os.path.join(data_dir, os.path.basename(DATA_URL))
+    if not os.path.exists(path):
+        download(url, path, fix='offline, pass --data_path=PATH to a copy of hellaswag_val.jsonl')
+    return path
+
+
+def check_example(example, where):
+    """`example` (a parsed line) as {ctx, endings, label}, or HellaSwagError naming `where` and the field."""
+    if not isinstance(example, dict):
+        raise HellaSwagError(f'{where}: expected a JSON object with ctx, endings and label')
+    for field in ('ctx', 'endings', 'label'):
+        if field not in example:
+            raise HellaSwagError(f"{where}: no field '{field}'")
+    ctx, endings, label = example['ctx'], example['endings'], example['label']
+    if not isinstance(ctx, str) or not ctx:
+        raise HellaSwagError(f"{where}: field 'ctx' must be a non-empty string")
+    if (not isinstance(endings, list) or len(endings) != NUM_ENDINGS
+            or not all(isinstance(ending, str) for ending in endings)):
+        raise HellaSwagError(f"{where}: field 'endings' must be a list of {NUM_ENDINGS} strings")
+    if type(label) is not int or not 0 <= label < NUM_ENDINGS:
+        raise HellaSwagError(f"{where}: field 'label' must be 0, 1, 2 or 3, got {label!r}")
+    return dict(ctx=ctx, endings=endings, label=label)
+
+
+def read_examples(path, max_examples=0):
+    """The examples of a HellaSwag jsonl file (one JSON object a line), the first `max_examples` of them (0: all)."""
+    examples = []
+    try:
+        with open(path, encoding='utf-8') as f:
+            for line_number, line in enumerate(f, 1):
+                if max_examples and len(examples) == max_examples:
+                    break
+                if not line.strip():
+                    continue
+                where = f'{path} line {line_number}'
+                try:
+                    example = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise HellaSwagError(f'{where}: not valid JSON ({e})') from None
+                examples.append(check_example(example, where))
+    except (OSError, UnicodeDecodeError) as e:
+        raise HellaSwagError(f'cannot read {path} ({e})') from None
+    if not examples:
+        raise HellaSwagError(f'{path} has no examples')
+    return examples
+
+
+def render(example, enc, block_size):
+    """(context tokens, [tokens of each ending]). When context and ending exceed the model's block_size + 1 tokens
+    (the last token is only a target), the context loses its oldest tokens, the same for every ending."""
+    ctx_tokens = enc.encode(example['ctx'])
+    ending_tokens = [enc.encode(' ' + ending) for ending in example['endings']]
+    room = block_size + 1 - max(len(tokens) for tokens in ending_tokens)
+    if room < 1:
+        raise HellaSwagError(f"an ending of {block_size + 1 - room} tokens leaves no room for its context in the "
+                             f"model's block_size of {block_size}")
+    return ctx_tokens[-room:], ending_tokens
+
+
+def make_batch(rendered, device):
+    """Inputs and targets, (examples * 4, T), for rendered examples: row 4*i + j is context i + ending j, padded on
+    the right (causal attention: padding changes nothing before it). Targets are -1 except on the ending tokens."""
+    rows = [(ctx, ending) for ctx, endings in rendered for ending in endings]
+    T = max(len(ctx) + len(ending) for ctx, ending in rows) - 1
+    idx = torch.zeros((len(rows), T), dtype=torch.long)
+    targets = torch.full((len(rows), T), -1, dtype=torch.long)
+    for r, (ctx, ending) in enumerate(rows):
+        tokens = ctx + ending
+        idx[r, :len(tokens) - 1] = torch.tensor(tokens[:-1])
+        targets[r, len(ctx) - 1:len(tokens) - 1] = torch.tensor(ending)  # position t predicts token t + 1
+    return idx.to(device), targets.to(device)
+
+
+@torch.no_grad()
+def ending_losses(model, rendered, device, ctx=nullcontext()):
+    """(summed loss, number of tokens) of each ending given its context, both (examples, 4)."""
+    idx, targets = make_batch(rendered, device)
+    with ctx:
+        _, losses = model(idx, targets, reduction='none')  # (rows, T), 0 off the endings
+    shape = (len(rendered), NUM_ENDINGS)
+    return losses.sum(1).view(shape), (targets != -1).sum(1).view(shape)
+
+
+def rank_share(examples, rank, world_size):
+    """This rank's examples (every world_size-th from `rank`) and how many of them count: shares that are one short
+    are topped up with an uncounted example, so every rank makes the same forward passes (FSDP's forward needs all)."""
+    share = examples[rank::world_size]
+    counted = len(share)
+    share += examples[:1] * (math.ceil(len(examples) / world_size) - counted)
+    return share, counted
+
+
+@torch.no_grad()
+def evaluate(model, examples, enc, device, ctx=nullcontext(), batch_size=8, rank=0, world_size=1, progress=False):
+    """HellaSwag accuracies of `model` on `examples` (from read_examples), batch_size examples (4 rows each) a forward.
+
+    model: the GPT (or torch.compile's wrapper of it; under DDP pass raw_model, not the DDP wrapper). It is put in
+    eval mode for the duration. enc: the tokenizer the model was trained with (anything with encode(str) -> ids;
+    tiktoken's gpt2 for GPT-2 BPE). ctx: the autocast context of train.py.
+    Returns dict(acc, acc_norm, n, correct, correct_norm) for this rank's share of the examples (all of them when
+    world_size=1). Over DDP processes, sum the counts and divide:
+        counts = torch.tensor([r['correct'], r['correct_norm'], r['n']], device=device)
+        dist.all_reduce(counts); correct, correct_norm, n = counts.tolist()  # acc = correct / n
+    """
+    share, counted = rank_share(examples, rank, world_size)
+    rendered = [render(example, enc, model.config.block_size) for example in share]  # its errors come before eval()
+    was_training = model.training
+    model.eval()
+    correct = correct_norm = 0
+    with tqdm(total=counted, unit='example', desc='hellaswag', disable=not progress) as bar:
+        for start in range(0, len(share), batch_size):
+            sum_loss, n_tokens = ending_losses(model, rendered[start:start + batch_size], device, ctx)
+            k = max(0, min(batch_size, counted - start))  # the top-up example, last in the share, does not count
+            labels = torch.tensor([example['label'] for example in share[start:start + k]], device=sum_loss.device)
+            correct += (sum_loss[:k].argmin(1) == labels).sum().item()
+            correct_norm += ((sum_loss[:k] / n_tokens[:k]).argmin(1) == labels).sum().item()
+            bar.update(k)
+    model.train(was_training)
+    return dict(acc=correct / max(counted, 1), acc_norm=correct_norm / max(counted, 1), n=counted,
+                correct=correct, correct_norm=correct_norm)
