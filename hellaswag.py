@@ -18,9 +18,7 @@ from prepare.common import get_encoding
 from training.checkpoint import load_model
 from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
 from training.errors import ConfigError, fail
-from training.hellaswag import cached_val_file, evaluate, read_examples
-
-GPT2_VOCAB_SIZE = 50257
+from training.hellaswag import GPT2_VOCAB_SIZE, cached_val_file, evaluate, read_examples
 
 # -----------------------------------------------------------------------------
 defaults = dict(

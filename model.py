@@ -357,7 +357,7 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
     Under fp16 those scales (down to 1 / (n_valid * V)) fall below fp16's normal range, so there the softmax is
     normalized in fp32 before the cast and 1 / n_valid applied to the fp32 results.
     per_row=True returns the (N,) losses of the rows (0 on ignored rows) instead of their mean."""
-    w = weight.to(compute_dtype)  # the matmuls run in the compute dtype; casts are explicit, so autocast changes nothing
+    w = weight.to(compute_dtype)  # the matmuls run in the compute dtype; casts are explicit: autocast changes nothing
     acc_dtype = torch.promote_types(compute_dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
     fold_scales = compute_dtype != torch.float16
     n_rows, vocab_size = hidden.shape[0], weight.shape[0]
@@ -474,12 +474,14 @@ def chunked_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_siz
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     if reduction == 'none':
         if wants_grad:
-            raise RuntimeError("chunked_cross_entropy(reduction='none') has no gradients: call it under torch.no_grad()")
+            raise RuntimeError("chunked_cross_entropy(reduction='none') has no gradients: call it under "
+                               "torch.no_grad()")
         with torch.no_grad():
             return _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype)
     if reduction != 'mean':
         raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
     if not wants_grad:
         with torch.no_grad():
-            return _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, False, False)[0]
+            return _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
+                                           False, False)[0]
     return _LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_size, compute_dtype)

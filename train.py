@@ -42,11 +42,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
 from model import GPTConfig, GPT
+from prepare.common import get_encoding
 from training import rules
 from training.checkpoint import (checkpoint_path, load_checkpoint, load_model_state, pretrained_model,
                                  save_checkpoint)
 from training.device import TORCH_DTYPES, check_device, peak_flops
-from training.errors import ConfigError, fail
+from training.errors import ConfigError, fail, first_line
+from training.hellaswag import cached_val_file, evaluate, read_examples
 from training.memory.advice import cuda_memory_stats, oom_advice
 from training.optim import build_optimizer
 from training.paths import check_writable_dir
@@ -81,6 +83,8 @@ gradient_accumulation_steps = 5 * 8 # used to simulate larger batch sizes
 batch_size = 12 # if gradient_accumulation_steps > 1, this is the micro-batch size
 block_size = 1024
 eval_batch_size = 0 # estimate_loss's micro-batch (same windows, same loss), 0 = batch_size; no backward: larger fits
+hellaswag = False # also score HellaSwag at each evaluation (GPT-2 tokens; its data: data_dir/hellaswag/)
+hellaswag_examples = 0 # with hellaswag: the first N validation examples, 0 = all 10,042
 # model
 n_layer = 12
 n_head = 12
@@ -96,7 +100,7 @@ weight_decay = 1e-1
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0 # clip gradients at this value, or disable if == 0.0
-optim = 'adamw' # 'adamw' (fp32 moments), 'adamw_bf16' (bf16 moments) or 'adamw_8bit' (torchao's 8-bit): training/optim.py
+optim = 'adamw' # 'adamw' (fp32 moments), 'adamw_bf16' (bf16 moments) or 'adamw_8bit' (torchao's 8-bit moments)
 optimizer_in_backward = False # update each parameter in backward and free its gradient: needs accumulation 1, no clip
 # learning rate decay settings
 decay_lr = True # whether to decay the learning rate
@@ -155,6 +159,17 @@ if auto_batch_size: # the largest micro-batch that estimate_memory.py finds to f
 if ddp: # before the model: zero1's optimizer and fsdp's sharding need the process group
     dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
     exit_with_launcher() # should torchrun itself be killed, its workers must not train on
+if hellaswag: # its data and tokenizer before the model: a missing file fails early; the master downloads, once
+    try:
+        hellaswag_dir = os.path.join(data_dir, 'hellaswag')
+        if master_process:
+            cached_val_file(hellaswag_dir)
+        if ddp:
+            dist.barrier()
+        hellaswag_set = read_examples(cached_val_file(hellaswag_dir), hellaswag_examples)
+        enc = get_encoding('gpt2')
+    except ConfigError as e:
+        fail(e)
 if auto_batch_size:
     if ddp: # the ranks' free memory can differ a little: all take the master's choice
         choice = [batch_size, gradient_accumulation_steps]
@@ -244,7 +259,7 @@ else:
 model.activation_checkpointing = activation_checkpointing
 model.to(device)
 if ddp and parallelism == 'fsdp':
-    shard_model(model, param_dtype=fsdp_param_dtype(config)) # in place: the weights it loaded above are split over the ranks
+    shard_model(model, param_dtype=fsdp_param_dtype(config)) # in place: the loaded weights are split over the ranks
 torch.manual_seed(seed + seed_offset) # then each rank its own dropout
 raw_model = model # the plain (or fully_shard-ed) module: saved, and asked for MFU, without DDP's and compile's wrappers
 
@@ -311,6 +326,17 @@ def estimate_loss(it):
     model.train()
     return out
 
+def hellaswag_scores():
+    """HellaSwag acc and acc_norm over all ranks' shares of the examples, each pass 4 rows an example: about the tokens
+    of an estimate_loss micro-batch, so no more memory than that."""
+    examples_per_pass = max(1, (eval_batch_size or batch_size) // 4)
+    result = evaluate(raw_model, hellaswag_set, enc, device, ctx, examples_per_pass, ddp_rank, ddp_world_size)
+    counts = torch.tensor([result['correct'], result['correct_norm'], result['n']], device=device)
+    if ddp:
+        dist.all_reduce(counts)
+    correct, correct_norm, n = counts.tolist()
+    return dict(acc=correct / n, acc_norm=correct_norm / n, n=n)
+
 def rng_states_of_all_ranks():
     """Every rank's torch (and CUDA) RNG state, gathered for the master's checkpoint. All ranks must call it."""
     state = {'torch': torch.get_rng_state(),
@@ -340,7 +366,11 @@ if device_peak is not None:
 
 # logging
 if wandb_log and master_process:
-    wandb.init(project=wandb_project, name=wandb_run_name, config=config)
+    try:
+        wandb.init(project=wandb_project, name=wandb_run_name, config=config)
+    except Exception as e: # not logged in, no network: the same fixes
+        fail(f'wandb could not start a run ({first_line(e)}): run `wandb login`, or set WANDB_MODE=offline, or pass '
+             f'--wandb_log=False')
 
 # training loop
 X, Y = train_batch(iter_num, 0) # fetch the very first batch
@@ -366,8 +396,12 @@ try:
             for split, value in losses.items():
                 if not math.isfinite(value):
                     fail_not_finite(f'the {split} loss', value)
+            scores = hellaswag_scores() if hellaswag else {}
             if master_process:
                 print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                if scores: # a line of its own: scripts parse the step line as nanoGPT prints it
+                    print(f"hellaswag {iter_num}: acc {scores['acc']:.4f}, acc_norm {scores['acc_norm']:.4f} "
+                          f"({scores['n']} examples)")
                 if wandb_log:
                     wandb.log({
                         "iter": iter_num,
@@ -375,6 +409,7 @@ try:
                         "val/loss": losses['val'],
                         "lr": lr,
                         **({"mfu": running_mfu*100} if running_mfu >= 0 else {}), # convert to percentage
+                        **{f"hellaswag/{name}": scores[name] for name in ('acc', 'acc_norm') if scores},
                     })
             if (losses['val'] < best_val_loss or always_save_checkpoint) and not eval_only:
                 best_val_loss = losses['val']
@@ -456,14 +491,15 @@ except torch.OutOfMemoryError:
     stats = cuda_memory_stats(device) if device_type == 'cuda' else None
     phase, rows = ('training', batch_size) if raw_model.training else ('evaluation', eval_batch_size or batch_size)
     fail(oom_advice(phase, rows, gradient_accumulation_steps * ddp_world_size, ddp_world_size,
-                    activation_checkpointing, stats, fixed_memory if stats else 0))
+                    activation_checkpointing, stats, fixed_memory if stats else 0), every_rank=True)
 except ConfigError as e: # a save that failed, e.g. on a full disk: the last good ckpt.pt is intact
     fail(e)
 except RuntimeError as e: # another process stopped answering: say which collective waited, once a rank
-    message = collective_failure(e, timeout) if ddp else None
-    if message is None:
+    failure = collective_failure(e, timeout) if ddp else None
+    if failure is None:
         raise
-    fail(message, every_rank=True)
+    message, secondary = failure
+    fail(message, every_rank=True, secondary=secondary)
 
 if ddp:
     # The models and the optimizer hold the process group (DDP's and fsdp's hooks, ZeRO): freed first, it is destroyed

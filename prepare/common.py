@@ -4,7 +4,6 @@ import contextlib
 import os
 import pickle
 import shutil
-import sys
 import urllib.request
 
 import numpy as np

@@ -1,12 +1,15 @@
 """Shared by the tests: a tiny character dataset in nanoGPT's format, the arguments of a tiny model, a subprocess
-runner and a parser of train.py's log lines."""
+runner, a parser of train.py's log lines, and a tiny stand-in for GPT-2's BPE."""
+import hashlib
 import os
 import pickle
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
+import tiktoken
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASET = 'tiny_char'
@@ -43,6 +46,23 @@ def run_script(script, *args, env=None, timeout=300):
                           text=True, timeout=timeout, env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
 
 
+
+def torchrun(*args, processes=2, env=None, timeout=300):
+    """train.py with args under torchrun, `processes` processes on this machine, as run_script runs one."""
+    return subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                           f'--nproc_per_node={processes}', 'train.py', *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
+
+def patched_env(directory, patch):
+    """Environment for a subprocess (or every process torchrun starts) that runs Python source `patch` first: a
+    sitecustomize.py in `directory`, on PYTHONPATH with the repository. For what no test can reach: a download, a
+    full disk, a fault."""
+    (directory / 'sitecustomize.py').write_text(f'import sys\nsys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}]\n'
+                                                f'{patch}')
+    return {'PYTHONPATH': str(directory)}
+
+
 def logged_losses(stdout, kind='iter'):
     """{iteration: loss} of train.py's `iter N: loss X` lines (kind='iter') or `step N: ... val loss X` lines
     (kind='step'), parsed as nanoGPT users' scripts do."""
@@ -53,3 +73,29 @@ def logged_losses(stdout, kind='iter'):
         elif kind == 'step' and line.startswith('step '):
             losses[int(line.split(':')[0][5:])] = float(line.split('val loss ')[1])
     return losses
+
+
+EOT = 50256  # GPT-2's <|endoftext|>
+GPT2_FILES = ['https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe',
+              'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json']
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def tiny_encoding(special_id=EOT, vocab_size=None):
+    """Byte-level BPE without a download: the 256 bytes, a few merges (' t', ' the', ...) and <|endoftext|> (50256
+    as in gpt2). vocab_size: as many tokens as that, made of byte pairs, so a GPT-2-sized model's samples decode."""
+    ranks = {bytes([b]): b for b in range(256)}
+    for merge in [b'th', b'he', b'the', b'in', b'er', b' s', b' t', b' the']:
+        ranks[merge] = len(ranks)
+    pairs = (bytes([a, b]) for a in range(256) for b in range(256))
+    while vocab_size is not None and len(ranks) < min(vocab_size, special_id):
+        ranks.setdefault(next(pairs), len(ranks))
+    return tiktoken.Encoding(name='tiny', pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+                             special_tokens={'<|endoftext|>': special_id})
+
+
+def gpt2_cached():
+    """Whether tiktoken's gpt2 files are cached here (offline: TIKTOKEN_CACHE_DIR pointing at them)."""
+    cache = (os.environ.get('TIKTOKEN_CACHE_DIR') or os.environ.get('DATA_GYM_CACHE_DIR')
+             or os.path.join(tempfile.gettempdir(), 'data-gym-cache'))
+    return all(os.path.exists(os.path.join(cache, hashlib.sha1(url.encode()).hexdigest())) for url in GPT2_FILES)

@@ -1,7 +1,10 @@
 """bench.py: both modes on tiny shapes (seconds), and its one-line error for a missing dataset. No timings."""
+import pytest
 import torch.nn.functional as F
 
 from helpers import run_script
+
+pytestmark = pytest.mark.slow  # every test here runs bench.py
 
 TINY_TRAIN = ['--device=cpu', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16',
               '--batch_size=2', '--vocab_size=256', '--num_steps=2', '--burnin_steps=1']

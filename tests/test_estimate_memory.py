@@ -1,20 +1,27 @@
 """estimate_memory.py: the traced peak against a real CPU run, the 12 and 24 GB presets, the naive loss's full logits,
 the micro-batch search, pick_batch_size and the one-line errors. Tiny models except where GPT-2 124M is the point."""
+import contextlib
 import gc
+import io
 import json
 import pickle
 import re
+import runpy
+import sys
+from unittest import mock
 
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import estimate_memory
-from helpers import ROOT
+from helpers import ROOT, write_char_dataset
 from model import CHUNK_ELEMENTS, VOCAB_BLOCK
 from training.checkpoint import save_checkpoint
 from training.errors import ConfigError
 from training.memory import estimate as em
+from training.memory.advice import fitting_batch_size, oom_advice, resplit
+from training.memory.tracer import MemoryTracer
 
 GIB = 2 ** 30
 CARD_PRESETS = sorted((ROOT / 'config').glob('*_[0-9]*gb.py'))  # each named for its card: *_12gb.py, *_24gb.py
@@ -26,7 +33,8 @@ def tiny(tmp_path):
     (tmp_path / 'tiny').mkdir()
     with open(tmp_path / 'tiny' / 'meta.pkl', 'wb') as f:
         pickle.dump({'vocab_size': 96}, f)
-    return {**estimate_memory.estimator_defaults(), 'data_dir': str(tmp_path), 'dataset': 'tiny', 'init_from': 'scratch',
+    return {**estimate_memory.estimator_defaults(), 'data_dir': str(tmp_path), 'dataset': 'tiny',
+            'init_from': 'scratch',
             'n_layer': 2, 'n_head': 2, 'n_embd': 64, 'block_size': 32, 'bias': True, 'dropout': 0.0,
             'batch_size': 4, 'gradient_accumulation_steps': 2, 'eval_batch_size': 0, 'grad_clip': 1.0,
             'dtype': 'float32', 'activation_checkpointing': False}
@@ -34,7 +42,8 @@ def tiny(tmp_path):
 
 def gpt2_config(batch_size, **overrides):
     """GPT-2 124M from scratch, block 1024, bf16, one micro-step; a small evaluation batch keeps the trace short."""
-    return {**estimate_memory.estimator_defaults(), 'init_from': 'scratch', 'dataset': 'openwebtext', 'n_layer': 12, 'n_head': 12,
+    return {**estimate_memory.estimator_defaults(), 'init_from': 'scratch', 'dataset': 'openwebtext', 'n_layer': 12,
+            'n_head': 12,
             'n_embd': 768, 'block_size': 1024, 'bias': False, 'dropout': 0.0, 'batch_size': batch_size,
             'gradient_accumulation_steps': 1, 'eval_batch_size': 1, 'dtype': 'bfloat16', **overrides}
 
@@ -53,6 +62,45 @@ def real_cpu_peak(config):
         current += event.nbytes()
         peak = max(peak, current)
     return peak
+
+
+# the keys of each comparison with the real train.py: the levers the estimate must follow train.py through
+FIDELITY_CASES = {
+    'fp32': {},
+    'bf16 autocast': {'dtype': 'bfloat16'},
+    'checkpointing': {'activation_checkpointing': True},
+    'accumulation': {'gradient_accumulation_steps': 3},
+    'bf16 with checkpointing and accumulation': {'dtype': 'bfloat16', 'activation_checkpointing': True,
+                                                 'gradient_accumulation_steps': 2},
+    'adamw_bf16': {'optim': 'adamw_bf16'},
+    'optimizer_in_backward': {'optimizer_in_backward': True, 'grad_clip': 0.0},
+}
+FIDELITY_MODEL = dict(n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=8, bias=False, dropout=0.0)
+
+
+def train_py_peak(keys, data_dir, out_dir):
+    """The peak of live tensor bytes of the real train.py, run in this process on the CPU under the estimator's tracer:
+    an evaluation at iteration 0 (smaller: no optimizer state, no gradients), then 2 training iterations."""
+    argv = ['train.py', f'--data_dir={data_dir}', '--dataset=fidelity', f'--out_dir={out_dir}', '--device=cpu',
+            '--compile=False', '--max_iters=1', '--eval_iters=1', '--eval_batch_size=1', '--log_interval=1',
+            *(f'--{key}={value}' for key, value in keys.items())]
+    with MemoryTracer() as tracer, mock.patch.object(sys, 'argv', argv), contextlib.redirect_stdout(io.StringIO()):
+        runpy.run_path(str(ROOT / 'train.py'), run_name='__main__')
+    return tracer.peak
+
+
+@pytest.mark.parametrize('case', FIDELITY_CASES)
+def test_estimate_equals_the_peak_of_the_real_train_py(tmp_path, case):
+    """The estimator's own loop, model and optimizer against train.py itself: an edit to train.py's loop that changes
+    what it keeps alive shows here."""
+    write_char_dataset(tmp_path / 'data', 'fidelity', vocab_size=96)
+    keys = {'dtype': 'float32', 'gradient_accumulation_steps': 1, **FIDELITY_MODEL, **FIDELITY_CASES[case]}
+    real = train_py_peak(keys, tmp_path / 'data', tmp_path / 'out')
+    config = {**estimate_memory.estimator_defaults(), 'data_dir': str(tmp_path / 'data'), 'dataset': 'fidelity',
+              **keys}
+    em.check_config(config)
+    estimated = em.trace(config, evaluate=False, device_type='cpu')['train']['peak_bytes']
+    assert estimated == pytest.approx(real, rel=0.02)
 
 
 @pytest.mark.parametrize('checkpointing', [False, True])
@@ -138,6 +186,7 @@ def test_resume_takes_the_model_from_the_checkpoint(tiny, tmp_path):
         em.trace({**config, 'out_dir': str(tmp_path / 'missing')})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('path', CARD_PRESETS, ids=lambda path: path.name)
 def test_card_presets_fit_with_a_gib_to_spare(path):
     card_gb = int(re.search(r'_(\d+)gb\.py$', path.name)[1])
@@ -225,3 +274,21 @@ def test_bad_input_is_one_line_error(argv, named, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith('error: ') and err.count('\n') == 1 and named in err
+
+
+def test_oom_advice_scales_the_batch_and_keeps_tokens():
+    stats = dict(allocated=9 * GIB, reserved=11 * GIB, peak=11 * GIB, total=12 * GIB)
+    # (12 - 2) / (11 - 2) of 12 is 13: capped below the batch that failed, 11; 480 samples in micro-batches of up
+    # to 11 take 44 micro-steps, of 11 (484 samples)
+    message = oom_advice('training', 12, 40, 1, False, stats, fixed=2 * GIB)
+    assert 'peak 11.00 GiB, card total 12.00 GiB (before the first forward: 2.00 GiB)' in message
+    assert '--batch_size=11 --gradient_accumulation_steps=44' in message
+    assert '--activation_checkpointing=True' in message
+    assert fitting_batch_size(12, 2 * GIB, 20 * GIB, 12 * GIB) == 6  # 12 * 10 / 18, rounded down
+    assert fitting_batch_size(1, 2 * GIB, 20 * GIB, 12 * GIB) == 1
+    assert resplit(12, 40, 1, 6) == (6, 80)
+    # 12 samples over 4 processes, at most 2 a micro-batch: 8 micro-steps (2 a process) of 2, the fewest that keep 12
+    assert resplit(3, 4, 4, 2) == (2, 8)
+    assert resplit(8, 64, 2, 12) == (12, 44)  # 512 samples: 44 micro-steps of 12 (528, 22 a process), not 64 of 8
+    done = oom_advice('training', 1, 8, 1, True, stats, fixed=2 * GIB)
+    assert '--batch_size' not in done and 'smaller block_size or model' in done

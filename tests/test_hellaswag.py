@@ -3,24 +3,21 @@ batched, chunked scores against full logits, acc and acc_norm on a rigged model,
 
 No network: a tiny byte-level tiktoken encoding stands in for GPT-2's BPE; the command's end-to-end run needs
 tiktoken's gpt2 files cached (TIKTOKEN_CACHE_DIR) and is skipped otherwise."""
-import hashlib
 import json
-import os
-import tempfile
 
+import numpy as np
 import pytest
 import tiktoken
 import torch
 import torch.nn.functional as F
 
-from helpers import run_script
+from helpers import TINY_ARGS, gpt2_cached, patched_env, run_script, tiny_encoding, torchrun
 from model import GPT, GPTConfig
 from training.checkpoint import save_checkpoint
 from training.errors import ConfigError
 from training import hellaswag
 from training.hellaswag import HellaSwagError, cached_val_file, ending_losses, evaluate, read_examples, render
 
-GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 # as in HellaSwag's files, with the fields the scorer ignores
 EXAMPLES = [
     dict(ind=0, activity_label='Cats', ctx='The cat sat on the', endings=['mat.', 'moon', 'sofa and slept', 'a'],
@@ -38,14 +35,6 @@ EXAMPLES = [
     dict(ind=6, activity_label='Rain', ctx='It rained all day, so they stayed inside and',
          endings=['played cards', 'sunbathed', 'the', 'slept in their beds'], label=0, split='val'),
 ]
-
-
-def tiny_encoding():
-    """Byte-level BPE: the 256 bytes and a few merges (' t', ' the', ...), 264 tokens."""
-    ranks = {bytes([b]): b for b in range(256)}
-    for merge in [b'th', b'he', b'the', b'in', b'er', b' s', b' t', b' the']:
-        ranks[merge] = len(ranks)
-    return tiktoken.Encoding(name='tiny', pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={})
 
 
 def write_jsonl(path, examples):
@@ -251,6 +240,7 @@ def save_tiny_checkpoint(out_dir, vocab_size):
     return out_dir
 
 
+@pytest.mark.slow
 def test_command_bad_data_fails_in_one_line_before_loading_a_model(tmp_path):
     bad = tmp_path / 'val.jsonl'
     bad.write_text(json.dumps(EXAMPLES[0]) + '\n{"ctx": "A", "endings": ["a", "b", "c", "d"]}\n')
@@ -260,21 +250,14 @@ def test_command_bad_data_fails_in_one_line_before_loading_a_model(tmp_path):
     assert_one_line_error(score('--max_examples=-1'), 'max_examples')
 
 
+@pytest.mark.slow
 def test_command_refuses_a_character_level_model(tmp_path):
     data = write_jsonl(tmp_path / 'val.jsonl', EXAMPLES)
     out_dir = save_tiny_checkpoint(tmp_path / 'out', vocab_size=65)
     assert_one_line_error(score(f'--data_path={data}', f'--out_dir={out_dir}'), "vocab_size is 65", "GPT-2's BPE")
 
 
-def gpt2_cached():
-    """Whether tiktoken's gpt2 files are in its cache, so get_encoding('gpt2') works offline."""
-    cache = (os.environ.get('TIKTOKEN_CACHE_DIR') or os.environ.get('DATA_GYM_CACHE_DIR')
-             or os.path.join(tempfile.gettempdir(), 'data-gym-cache'))
-    urls = ['https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe',
-            'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json']
-    return all(os.path.exists(os.path.join(cache, hashlib.sha1(url.encode()).hexdigest())) for url in urls)
-
-
+@pytest.mark.slow
 @pytest.mark.skipif(not gpt2_cached(), reason="tiktoken's gpt2 files are not cached (set TIKTOKEN_CACHE_DIR)")
 def test_command_scores_a_checkpoint_as_evaluate_does(tmp_path):
     data = write_jsonl(tmp_path / 'val.jsonl', EXAMPLES)
@@ -288,3 +271,52 @@ def test_command_scores_a_checkpoint_as_evaluate_does(tmp_path):
     assert result.stdout.splitlines()[-1] == (
         f"hellaswag: 5 examples, acc {expected['acc']:.4f} ({expected['correct']}/5), "
         f"acc_norm {expected['acc_norm']:.4f} ({expected['correct_norm']}/5)")
+
+
+# -----------------------------------------------------------------------------
+# during training
+
+def train_with_hellaswag(tmp_path, *args, processes=1):
+    """train.py with --hellaswag=True on a GPT-2-vocabulary dataset (no meta.pkl) and EXAMPLES as the validation file,
+    GPT-2's BPE replaced by the tiny encoding (no download)."""
+    data = tmp_path / 'data'
+    (data / 'bpe').mkdir(parents=True)
+    ids = np.array(tiny_encoding().encode_ordinary(' '.join(e['ctx'] for e in EXAMPLES) * 20), dtype=np.uint16)
+    ids.tofile(data / 'bpe' / 'train.bin')
+    ids.tofile(data / 'bpe' / 'val.bin')
+    (data / 'hellaswag').mkdir()
+    write_jsonl(data / 'hellaswag' / 'hellaswag_val.jsonl', EXAMPLES)
+    env = patched_env(tmp_path, 'import helpers, prepare.common\n'
+                                'prepare.common.get_encoding = lambda name: helpers.tiny_encoding()\n')
+    args = [*TINY_ARGS, f'--data_dir={data}', '--dataset=bpe', f'--out_dir={tmp_path / "out"}', '--hellaswag=True',
+            '--block_size=64', '--max_iters=2', '--eval_interval=2', *args]
+    if processes == 1:
+        return run_script('train.py', *args, env=env)
+    return torchrun(*args, processes=processes, env=env)
+
+
+def hellaswag_lines(stdout):
+    return [line for line in stdout.splitlines() if line.startswith('hellaswag ')]
+
+
+@pytest.mark.slow
+def test_train_py_scores_hellaswag_at_each_evaluation(tmp_path):
+    result = train_with_hellaswag(tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = hellaswag_lines(result.stdout)
+    assert [line.split(':')[0] for line in lines] == ['hellaswag 0', 'hellaswag 2']
+    assert all(line.endswith(f'({len(EXAMPLES)} examples)') for line in lines)
+    # the scores of the model checkpointed right after the evaluation at iteration 2
+    model = GPT(GPTConfig(**torch.load(tmp_path / 'out' / 'ckpt.pt', weights_only=True)['model_args']))
+    model.load_state_dict(torch.load(tmp_path / 'out' / 'ckpt.pt', weights_only=True)['model'])
+    expected = evaluate(model, [dict(e) for e in EXAMPLES], tiny_encoding(), 'cpu')
+    assert lines[1] == (f"hellaswag 2: acc {expected['acc']:.4f}, acc_norm {expected['acc_norm']:.4f} "
+                        f"({len(EXAMPLES)} examples)")
+
+
+@pytest.mark.slow
+def test_two_processes_score_hellaswag_as_one(tmp_path):
+    single = train_with_hellaswag(tmp_path / 'single')
+    double = train_with_hellaswag(tmp_path / 'double', '--gradient_accumulation_steps=2', processes=2)
+    assert single.returncode == 0 and double.returncode == 0, double.stderr[-3000:]
+    assert hellaswag_lines(double.stdout)[0] == hellaswag_lines(single.stdout)[0]  # the same model at iteration 0

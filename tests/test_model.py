@@ -1,11 +1,16 @@
-"""model.py: the chunked loss against the naive reference, and the GPT in nanoGPT's shape."""
+"""model.py: the chunked loss against the naive reference, the GPT in nanoGPT's shape, and model.py on its own."""
 import math
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import model as model_lib
+from helpers import ROOT
 from training.memory.tracer import MemoryTracer
 from model import GPT, GPTConfig, chunked_cross_entropy
 
@@ -224,6 +229,7 @@ def test_activation_checkpointing_same_loss_and_gradients():
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.slow
 def test_compiled_model_matches_eager():
     model = tiny_gpt()
     x = torch.randint(0, 50, (2, 16))
@@ -237,16 +243,6 @@ def test_compiled_model_matches_eager():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_nanogpt_state_dict_layout_loads():
-    model = tiny_gpt()
-    keys = set(model.state_dict())
-    assert {"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.attn.c_attn.weight",
-            "transformer.h.1.mlp.c_proj.bias", "transformer.ln_f.weight", "lm_head.weight"} <= keys
-    sd = {"_orig_mod." + k: v for k, v in model.state_dict().items()}  # as nanoGPT's compiled runs save it
-    fresh = tiny_gpt()
-    fresh.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in sd.items()})
-
-
 def test_from_hf_model_matches_hugging_face_logits():
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
@@ -257,3 +253,22 @@ def test_from_hf_model_matches_hugging_face_logits():
         ref = hf(x).logits[:, -1:, :]
         ours, _ = model(x)
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_model_py_copied_alone_trains(tmp_path):
+    """nanoGPT's habit: copy model.py into another project. It needs torch and nothing of this repository."""
+    shutil.copy(ROOT / 'model.py', tmp_path)
+    code = ("import torch, model\n"
+            "gpt = model.GPT(model.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))\n"
+            "optimizer = gpt.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu')\n"
+            "x = torch.randint(32, (2, 8))\n"
+            "_, loss = gpt(x, x)\n"
+            "loss.backward()\n"
+            "optimizer.step()\n"
+            "print(loss.item(), gpt(x, x)[1].item())\n")
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    result = subprocess.run([sys.executable, '-s', '-c', code], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    before, after = map(float, result.stdout.split()[-2:])
+    assert after < before  # one step of AdamW on the same batch lowers its loss

@@ -100,7 +100,8 @@ def weighty(tmp_path):
     (tmp_path / 'tiny').mkdir()
     with open(tmp_path / 'tiny' / 'meta.pkl', 'wb') as f:
         pickle.dump({'vocab_size': 256}, f)
-    return {**estimate_memory.estimator_defaults(), 'data_dir': str(tmp_path), 'dataset': 'tiny', 'init_from': 'scratch',
+    return {**estimate_memory.estimator_defaults(), 'data_dir': str(tmp_path), 'dataset': 'tiny',
+            'init_from': 'scratch',
             'n_layer': 2, 'n_head': 4, 'n_embd': 256, 'block_size': 32, 'bias': False, 'dropout': 0.0,
             'batch_size': 1, 'gradient_accumulation_steps': 1, 'eval_batch_size': 0, 'grad_clip': 0.0,
             'dtype': 'float32', 'activation_checkpointing': False}
@@ -150,6 +151,7 @@ def train(data_dir, out_dir, *args):
     return run_script('train.py', *TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args)
 
 
+@pytest.mark.slow
 def test_in_backward_under_compile_trains_as_eager(data_dir, tmp_path):
     """The steps run in gradient hooks, outside the compiled graph: torch.compile must not skip or repeat them."""
     args = ['--max_iters=4', '--eval_interval=4', '--optimizer_in_backward=True', '--grad_clip=0']
@@ -161,6 +163,7 @@ def test_in_backward_under_compile_trains_as_eager(data_dir, tmp_path):
     assert compiled_losses == pytest.approx(eager_losses, rel=1e-4)  # inductor may order float sums differently
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('args, key', [
     (['--optimizer_in_backward=True', '--grad_clip=0', '--gradient_accumulation_steps=2'],
      'gradient_accumulation_steps=2'),
@@ -173,6 +176,7 @@ def test_train_refuses_what_in_backward_cannot_honour(data_dir, tmp_path, args, 
     assert error.startswith('error: optimizer_in_backward=True') and key in error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('levers', [['--optim=adamw_bf16', '--optimizer_in_backward=True', '--grad_clip=0'],
                                     pytest.param(['--optim=adamw_8bit'], marks=needs_torchao)])
 def test_train_and_resume_with_each_lever(data_dir, tmp_path, levers):

@@ -1,25 +1,23 @@
 """The parallelism key through torchrun on CPU (gloo, 2 processes): each mode's losses and weights match one process at
 the same global batch; every mode writes nanoGPT's ckpt.pt with full tensors, which resumes under another mode and
-another world size with the uninterrupted run's losses."""
+another world size with the uninterrupted run's losses; a rank that stops answering, or a killed torchrun, ends the
+run with one line instead of a hang."""
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
-from helpers import ROOT, TINY_ARGS, logged_losses, run_script, write_char_dataset
+from helpers import ROOT, TINY_ARGS, logged_losses, run_script, torchrun, write_char_dataset
 
+pytestmark = pytest.mark.slow  # every test here runs train.py, most under torchrun
 MODES = ('ddp', 'zero1', 'fsdp')
 # one micro-batch per process per iteration at world size 2, two in one process: the same global batch
 ARGS = [*TINY_ARGS, '--gradient_accumulation_steps=2', '--eval_interval=2']
-
-
-def torchrun(*args, processes=2):
-    return subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
-                           f'--nproc_per_node={processes}', 'train.py', *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
 
 
 def load(out_dir):
@@ -50,9 +48,11 @@ def assert_same_losses(stdout, reference, kind, iterations):
 
 @pytest.mark.parametrize('mode', MODES)
 def test_two_processes_match_one(runs, mode):
-    (single, _), (stdout, out_dir) = runs[0]['single'], runs[0][mode]
+    (single, _), (stdout, _) = runs[0]['single'], runs[0][mode]
     assert_same_losses(stdout, single, 'iter', range(5))  # the master logs, once per iteration
     assert_same_losses(stdout, single, 'step', (0, 2, 4))
+    # the config and the model summary once, not once a rank
+    assert stdout.count('Overriding: max_iters = 4') == 1 and stdout.count('num decayed parameter tensors') == 1
 
 
 @pytest.mark.parametrize('mode', MODES)
@@ -99,10 +99,78 @@ def test_fsdp_mixed_precision_trains_like_one_process_in_bf16(runs, tmp_path):
     assert {v.dtype for v in load(tmp_path / 'fsdp')['model'].values()} == {torch.float32}
 
 
-def test_fsdp_mixed_precision_outside_fsdp_is_refused(runs, tmp_path):
-    result = run_script('train.py', *ARGS, f'--data_dir={runs[1]}', f'--out_dir={tmp_path / "out"}',
-                        '--fsdp_mixed_precision=True')
-    assert result.returncode == 2 and not (tmp_path / 'out').exists()
-    assert result.stderr.strip().splitlines() == [
-        "error: fsdp_mixed_precision=True applies to parallelism='fsdp', not 'ddp': use --parallelism=fsdp or "
-        "--fsdp_mixed_precision=False"]
+def wait_for(condition, seconds, what):
+    deadline = time.time() + seconds
+    while not condition():
+        assert time.time() < deadline, f'waited {seconds}s for {what}'
+        time.sleep(0.1)
+
+
+def workers(launcher):
+    """{rank: pid} of the processes torchrun started (its children, with RANK in their environment)."""
+    children = open(f'/proc/{launcher.pid}/task/{launcher.pid}/children').read().split()
+    ranks = {}
+    for pid in map(int, children):
+        environ = dict(item.split('=', 1) for item in open(f'/proc/{pid}/environ').read().split('\0') if '=' in item)
+        ranks[int(environ['RANK'])] = pid
+    return ranks
+
+
+def alive(pid):
+    try:
+        with open(f'/proc/{pid}/status') as f:
+            return 'zombie' not in f.read()
+    except FileNotFoundError:
+        return False
+
+
+def start_long_run(tmp_path, data_dir, *args):
+    """torchrun with 2 processes training for a long time, output to files; returns once iter 3 is logged, with
+    (launcher, stdout path, stderr path, {rank: pid})."""
+    out, err = tmp_path / 'stdout.txt', tmp_path / 'stderr.txt'
+    launcher = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                                 'train.py', *ARGS, f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}',
+                                 '--max_iters=1000000', '--eval_interval=1000000', *args], cwd=ROOT,
+                                stdout=open(out, 'w'), stderr=open(err, 'w'),
+                                env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    wait_for(lambda: 'iter 3:' in out.read_text() or launcher.poll() is not None, 120, 'training to start')
+    assert launcher.poll() is None, err.read_text()[-3000:]
+    return launcher, out, err, workers(launcher)
+
+
+needs_proc = pytest.mark.skipif(not os.path.isdir('/proc/self'), reason='finds the workers through Linux /proc')
+
+
+def test_an_error_of_every_rank_is_printed_once(tmp_path, data_dir):
+    result = torchrun(*ARGS, f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}', '--learning_rat=1')
+    assert result.returncode != 0 and not (tmp_path / 'out').exists()
+    errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
+    assert errors == ['error: unknown config key --learning_rat: did you mean --learning_rate?']
+
+
+@needs_proc
+def test_a_stopped_rank_ends_the_run_with_one_line_not_a_hang(tmp_path, data_dir):
+    launcher, _, err, ranks = start_long_run(tmp_path, data_dir, '--timeout=5')
+    os.kill(ranks[1], signal.SIGSTOP)  # a wedged GPU or a lost node looks the same to rank 0
+    try:
+        wait_for(lambda: not alive(ranks[0]), 60, 'rank 0 to give up')
+    finally:
+        os.kill(ranks[1], signal.SIGCONT)  # torchrun's SIGTERM reaches it once it runs
+        launcher.wait(timeout=60)
+    assert launcher.returncode != 0
+    errors = [line for line in err.read_text().splitlines() if line.startswith('error: ')]
+    rank0 = [line for line in errors if line.startswith('error: rank 0: ')]
+    assert len(rank0) == 1 and all(line.startswith('error: rank ') for line in errors), err.read_text()[-3000:]
+    assert ' at train.py line ' in rank0[0] and '--timeout' in rank0[0]
+    assert 'got no answer from another process within timeout=5s' in rank0[0]  # rank 1 may say so too, once resumed
+
+
+@needs_proc
+def test_workers_stop_when_torchrun_is_killed(tmp_path, data_dir):
+    launcher, _, err, ranks = start_long_run(tmp_path, data_dir)
+    launcher.kill()  # SIGKILL: torchrun cannot pass it on to its workers
+    launcher.wait()
+    wait_for(lambda: not any(alive(pid) for pid in ranks.values()), 30, 'the workers to stop')
+    stopped = [line for line in err.read_text().splitlines() if 'the torchrun launcher' in line]
+    assert sorted(stopped) == [f'error: rank {rank}: the torchrun launcher (pid {launcher.pid}) is gone: stopping'
+                               for rank in (0, 1)]

@@ -2,13 +2,11 @@
 
 No network: BPE goes through a tiny tiktoken Encoding built here; gpt2 checks run only when tiktoken's gpt2 files
 are already cached (e.g. TIKTOKEN_CACHE_DIR pointing at them)."""
-import hashlib
 import json
 import os
 import pickle
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import datasets
@@ -18,31 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 import tiktoken
 
-from helpers import ROOT
+from helpers import EOT, ROOT, gpt2_cached, tiny_encoding
 from prepare import common, openwebtext, shakespeare, shakespeare_char  # noqa: E402
 
-EOT = 50256
-GPT2_FILES = ['https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe',
-              'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json']
-GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 CORPUS = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
           "First Citizen:\nYou are all resolved rather to die than to famish?\n"
           "Caf\u00e9 \u00e0 la th\u00e9\u00e2tre.\n") * 3
-
-
-def tiny_encoding(special_id=EOT):
-    """Byte-level BPE: the 256 bytes, a few merges, and <|endoftext|> (50256 as in gpt2)."""
-    ranks = {bytes([b]): b for b in range(256)}
-    for merge in [b'th', b'he', b'the', b'in', b'er', b' s', b' t', b' the']:
-        ranks[merge] = len(ranks)
-    return tiktoken.Encoding(name='tiny', pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
-                             special_tokens={'<|endoftext|>': special_id})
-
-
-def gpt2_cached():
-    cache = (os.environ.get('TIKTOKEN_CACHE_DIR') or os.environ.get('DATA_GYM_CACHE_DIR')
-             or os.path.join(tempfile.gettempdir(), 'data-gym-cache'))
-    return all(os.path.exists(os.path.join(cache, hashlib.sha1(url.encode()).hexdigest())) for url in GPT2_FILES)
 
 
 def read_bin(path):

@@ -6,6 +6,7 @@ import pytest
 
 from helpers import TEXT, run_script
 
+pytestmark = pytest.mark.slow  # every test here runs sample.py on a trained checkpoint
 SEPARATOR = '\n---------------\n'
 
 
@@ -42,6 +43,8 @@ def test_samples_from_checkpoint_with_file_prompt(tiny_run, tmp_path):
     ('truncated', [], 'truncated'),
     ('unknown characters', ['--start=First%'], "does not know: '%'"),
     ('missing prompt file', ['--start=FILE:/nonexistent/prompt.txt'], 'cannot read the start file'),
+    ('no samples', ['--num_samples=-1'], 'num_samples must be at least 1, got -1: e.g. --num_samples=10'),
+    ('no new tokens', ['--max_new_tokens=-5'], 'max_new_tokens must be at least 1, got -5: e.g. --max_new_tokens=500'),
 ])
 def test_errors_are_one_line(tiny_run, tmp_path, case, args, message):
     _, _, tiny_out = tiny_run

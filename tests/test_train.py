@@ -13,12 +13,9 @@ import time
 import pytest
 import torch
 
-from helpers import ROOT, TINY_ARGS, logged_losses, run_script, write_char_dataset
+from helpers import ROOT, TEXT, TINY_ARGS, logged_losses, patched_env, run_script, write_char_dataset
 
-from training.checkpoint import save_checkpoint
-from training.memory.advice import fitting_batch_size, oom_advice, resplit
-
-GIB = 2 ** 30
+pytestmark = pytest.mark.slow  # every test here runs train.py
 
 
 def train(data_dir, out_dir, *args, env=None):
@@ -34,7 +31,10 @@ def same_weights(a, b):
 
 
 def snapshot(path):
-    """{name: bytes} of the files in `path`, None if it does not exist: to show that nothing was written."""
+    """{name: bytes} of the files in directory `path`, its bytes if it is a file, None if it does not exist: to show
+    that nothing was written."""
+    if path.is_file():
+        return path.read_bytes()
     return {p.name: p.read_bytes() for p in path.iterdir()} if path.exists() else None
 
 
@@ -93,19 +93,6 @@ def test_kill_during_training_then_resume(tmp_path, data_dir):
     assert os.listdir(out_dir) == ['ckpt.pt']  # a temporary file of a save the kill cut short is gone
 
 
-def test_save_removes_temporaries_of_killed_saves_only(tmp_path):
-    finished = subprocess.Popen([sys.executable, '-c', 'pass'])
-    finished.wait()  # its pid now names no process: a save killed mid-write
-    with subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']) as saving:  # another run, saving
-        stale, live = tmp_path / f'.ckpt.pt.{finished.pid}.tmp', tmp_path / f'.ckpt.pt.{saving.pid}.tmp'
-        stale.write_bytes(b'partial')
-        live.write_bytes(b'in progress')
-        save_checkpoint({'model': {}, 'model_args': {}}, str(tmp_path))
-        saving.kill()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, 'ckpt.pt'])
-    assert live.read_bytes() == b'in progress'
-
-
 def test_nanogpt_checkpoint_resumes(tmp_path, tiny_run):
     result, data_dir, tiny_out = tiny_run
     checkpoint = load(tiny_out)
@@ -162,12 +149,10 @@ def test_wandb_is_imported_lazily_and_logs(tmp_path, data_dir):
 # failures: a non-finite loss, out of memory, bad input
 
 def train_patched(patch, data_dir, out_dir, *args):
-    """train.py run after `patch` (Python source, with `model` imported) has changed GPT.forward."""
-    code = (f'import runpy, sys, torch, model\n{patch}\n'
-            f"sys.argv = ['train.py'] + sys.argv[1:]\nrunpy.run_path('train.py', run_name='__main__')\n")
-    return subprocess.run([sys.executable, '-c', code, *TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}',
-                           *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    """train.py run after `patch` (Python source; model and torch imported) has changed what it calls."""
+    patch_dir = out_dir.parent / 'patch'
+    patch_dir.mkdir(exist_ok=True)
+    return train(data_dir, out_dir, *args, env=patched_env(patch_dir, f'import model, torch\n{patch}'))
 
 
 def forward_patch(training, at, action):
@@ -215,7 +200,48 @@ def test_non_finite_loss_stops_without_saving(good_checkpoint):
     assert result.returncode == 2
     assert 'error: the training loss is nan at iter 2' in result.stderr and 'Traceback' not in result.stderr
     assert 'keeps the last good state' in result.stderr
+    # grad_clip is already 1.0, the default: the advice is what would change something
+    assert 'try a lower --learning_rate (now 0.01)' in result.stderr and '--grad_clip' not in result.stderr
     assert (out_dir / 'ckpt.pt').read_bytes() == before and os.listdir(out_dir) == ['ckpt.pt']
+
+
+def test_a_save_that_fails_stops_with_one_line_and_keeps_the_last_checkpoint(good_checkpoint):
+    """A full disk at the second save of this run: one line, exit 2, the checkpoint of the first save intact."""
+    data_dir, out_dir, _ = good_checkpoint
+    patch = ("import torch, training.checkpoint as ckpt\n"
+             "save, saves = torch.save, [0]\n"
+             "def full_disk(obj, f):\n"
+             "    saves[0] += 1\n"
+             "    if saves[0] == 2:\n"
+             "        f.write(b'partial')\n"
+             "        raise OSError(28, 'No space left on device')\n"
+             "    save(obj, f)\n"
+             "ckpt.torch.save = full_disk\n")
+    result = train_patched(patch, data_dir, out_dir, '--init_from=resume', '--max_iters=34', '--eval_interval=2')
+    assert result.returncode == 2
+    [error] = result.stderr.strip().splitlines()
+    assert error.startswith(f"error: could not write {out_dir / 'ckpt.pt'} ([Errno 28] No space left on device)")
+    assert os.listdir(out_dir) == ['ckpt.pt'] and load(out_dir)['iter_num'] == 30  # the 1st save's, not the 2nd's
+
+
+def test_prepared_from_another_directory_then_trained_from_it(tmp_path):
+    """Every relative path is relative to the current directory: prepare/ writes data/<dataset> there, and
+    train.py, run from there by its full path, reads it. The schedule's warmup as long as its decay trains too
+    (nanoGPT divides by zero there)."""
+    corpus = tmp_path / 'input.txt'
+    corpus.write_text(TEXT)
+    prepared = subprocess.run([sys.executable, str(ROOT / 'prepare' / 'shakespeare_char.py'), '--input', str(corpus)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert prepared.returncode == 0, prepared.stderr
+    args = [arg for arg in TINY_ARGS if not arg.startswith(('--dataset', '--warmup_iters', '--lr_decay_iters'))]
+    config = ROOT / 'config' / 'train_shakespeare_char.py'
+    trained = subprocess.run([sys.executable, str(ROOT / 'train.py'), str(config),
+                              *args, '--max_iters=3', '--eval_interval=3', '--warmup_iters=1', '--lr_decay_iters=1'],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert trained.returncode == 0, trained.stderr
+    assert sorted(logged_losses(trained.stdout)) == [0, 1, 2, 3]
+    assert (tmp_path / 'out-shakespeare-char' / 'ckpt.pt').exists()
 
 
 @pytest.mark.parametrize('training, advice', [(True, '--batch_size=2 --gradient_accumulation_steps=2'),
@@ -232,24 +258,6 @@ def test_out_of_memory_advises_and_keeps_checkpoint(good_checkpoint, training, a
     assert (out_dir / 'ckpt.pt').read_bytes() == before
 
 
-def test_oom_advice_scales_the_batch_and_keeps_tokens():
-    stats = dict(allocated=9 * GIB, reserved=11 * GIB, peak=11 * GIB, total=12 * GIB)
-    # (12 - 2) / (11 - 2) of 12 is 13: capped below the batch that failed, 11; 480 samples in micro-batches of up
-    # to 11 take 44 micro-steps, of 11 (484 samples)
-    message = oom_advice('training', 12, 40, 1, False, stats, fixed=2 * GIB)
-    assert 'peak 11.00 GiB, card total 12.00 GiB (before the first forward: 2.00 GiB)' in message
-    assert '--batch_size=11 --gradient_accumulation_steps=44' in message
-    assert '--activation_checkpointing=True' in message
-    assert fitting_batch_size(12, 2 * GIB, 20 * GIB, 12 * GIB) == 6  # 12 * 10 / 18, rounded down
-    assert fitting_batch_size(1, 2 * GIB, 20 * GIB, 12 * GIB) == 1
-    assert resplit(12, 40, 1, 6) == (6, 80)
-    # 12 samples over 4 processes, at most 2 a micro-batch: 8 micro-steps (2 a process) of 2, the fewest that keep 12
-    assert resplit(3, 4, 4, 2) == (2, 8)
-    assert resplit(8, 64, 2, 12) == (12, 44)  # 512 samples: 44 micro-steps of 12 (528, 22 a process), not 64 of 8
-    done = oom_advice('training', 1, 8, 1, True, stats, fixed=2 * GIB)
-    assert '--batch_size' not in done and 'smaller block_size or model' in done
-
-
 # the configurator's other errors (wrong type, missing config file, unknown device) are tested in
 # test_configurator.py; here each path through train.py once
 BAD_INPUTS = {  # name: (extra arguments, extra environment, what the one-line error must name)
@@ -262,10 +270,23 @@ BAD_INPUTS = {  # name: (extra arguments, extra environment, what the one-line e
     'world size': (['--gradient_accumulation_steps=3'], {'RANK': '0', 'LOCAL_RANK': '0', 'WORLD_SIZE': '2'},
                    'gradient_accumulation_steps=3'),
     'unknown dtype': (['--dtype=float8'], {}, "dtype 'float8'"),
-    'unknown parallelism': (['--parallelism=zero3'], {}, "parallelism 'zero3'"),
+    'unknown parallelism': (['--parallelism=zero3'], {}, "parallelism 'zero3': use one of ddp, zero1, fsdp (README: "
+                                                         "Several GPUs)"),
+    'fsdp_mixed_precision outside fsdp': (['--fsdp_mixed_precision=True'], {}, "applies to parallelism='fsdp'"),
     'absent cuda': (['--device=cuda'], {}, 'CUDA is not available'),
     'unknown key': (['--learning_rat=1'], {}, '--learning_rate'),
     'wandb not installed': (['--wandb_log=True'], {}, 'pip install wandb'),
+    'no heads': (['--n_head=0'], {}, 'n_head must be at least 1, got 0'),
+    'no width': (['--n_embd=0'], {}, 'n_embd must be at least 1, got 0'),
+    'negative layers': (['--n_layer=-1'], {}, 'n_layer must be at least 1, got -1'),
+    'dropout over 1': (['--dropout=2.0'], {}, 'dropout is a probability in [0, 1), got 2.0'),
+    'empty out_dir': (['--out_dir='], {}, 'out_dir is empty'),
+    'out_dir is a file': ([], {}, 'cannot be a directory'),
+    'unwritable out_dir': (['--out_dir=/proc/nanogpt_out'], {}, "cannot write in out_dir='/proc/nanogpt_out'"),
+    'not a checkpoint': (['--init_from=resume'], {}, 'is not a PyTorch checkpoint'),
+    'empty val.bin': (['--dataset=empty_val'], {}, 'val.bin is empty: prepare the dataset again'),
+    'hellaswag on characters': (['--hellaswag=True'], {}, "hellaswag=True scores GPT-2 tokens, but the model's "
+                                                          "vocab_size is 34"),
 }
 
 
@@ -275,6 +296,8 @@ def not_applicable(name):
         return 'CUDA is available here'
     if name == 'wandb not installed' and importlib.util.find_spec('wandb') is not None:
         return 'wandb is installed here'
+    if name == 'unwritable out_dir' and not os.path.isdir('/proc/self'):
+        return 'needs Linux /proc, where nobody, root included, writes'
     return None
 
 
@@ -309,17 +332,24 @@ def bad_runs(tmp_path_factory, tiny_run):
     _, tiny_data, tiny_out = tiny_run
     root = tmp_path_factory.mktemp('bad')
     write_char_dataset(root / 'data', 'big_vocab', vocab_size=100)
+    (write_char_dataset(root / 'data', 'empty_val') / 'val.bin').write_bytes(b'')
     names = [name for name in BAD_INPUTS if not not_applicable(name)]
     cases, before = [], {}
     for name in names:
         args, env, _ = BAD_INPUTS[name]
         out_dir = root / name.replace(' ', '_')
-        data_dir = root / 'data' if name in ('missing dataset', 'meta vocab over model') else tiny_data
+        own_data = ('missing dataset', 'meta vocab over model', 'empty val.bin')
+        data_dir = root / 'data' if name in own_data else tiny_data
         if name in ('block_size over model', 'meta vocab over model', 'truncated checkpoint'):
             shutil.copytree(tiny_out, out_dir)
         if name == 'truncated checkpoint':
             ckpt = out_dir / 'ckpt.pt'
             ckpt.write_bytes(ckpt.read_bytes()[:ckpt.stat().st_size // 2])
+        if name == 'not a checkpoint':
+            out_dir.mkdir()
+            (out_dir / 'ckpt.pt').write_bytes(os.urandom(4096))
+        if name == 'out_dir is a file':
+            out_dir.write_text('a file')
         before[name] = snapshot(out_dir)
         # --max_iters=2: short, should a check be missing
         cases.append(([*TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--max_iters=2', *args], env))

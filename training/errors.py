@@ -2,6 +2,10 @@
 fix, and fail(), which prints it and exits with status 2, without a traceback."""
 import os
 import sys
+import time
+
+# seconds a rank other than 0 waits before it reports an error that every rank may share (see fail)
+OTHER_RANKS_WAIT = 10
 
 
 class ConfigError(ValueError):
@@ -15,16 +19,22 @@ def first_line(exc, limit=160):
     return line if len(line) <= limit else line[:limit - 3] + '...'
 
 
-def fail(message, every_rank=False):
+def fail(message, every_rank=False, secondary=False):
     """Print `error: message` on stderr and exit with status 2.
 
-    Under torchrun every rank runs the same checks and would print the same line: only rank 0 prints, unless
-    every_rank (a failure of this rank's own, such as a timeout), which is printed with the rank. Once a process group
-    exists, the process exits at once (os._exit): other ranks' collectives may be in flight, and the interpreter's
-    teardown would wait on them or abort on gloo's threads (see the end of train.py)."""
+    Under torchrun every rank runs the same checks and would print the same line: rank 0 prints it for all. Another
+    rank waits first, for torchrun to stop it once rank 0 has failed the same way; if it is still running then, the
+    error was its own, and it prints it with its rank, as it does at once with every_rank (a failure of this rank's
+    own, such as an out-of-memory error). A secondary error, the consequence of another rank's failure (its
+    connection closed), waits on every rank: the rank that failed first says why. Once a process group exists, the
+    process exits at once (os._exit): other ranks' collectives may be in flight, and the interpreter's teardown would
+    wait on them or abort on gloo's threads."""
     rank, world_size = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
-    if every_rank or rank == 0:
-        print(f"error: {f'rank {rank}: ' if every_rank and world_size > 1 else ''}{message}", file=sys.stderr)
+    if secondary or (rank != 0 and not every_rank):
+        time.sleep(OTHER_RANKS_WAIT)
+        every_rank = True
+    prefix = f'rank {rank}: ' if world_size > 1 and every_rank else ''
+    print(f'error: {prefix}{message}', file=sys.stderr)
     distributed = sys.modules.get('torch.distributed')  # not imported here: the prepare scripts need no torch
     if distributed is not None and distributed.is_available() and distributed.is_initialized():
         sys.stdout.flush()

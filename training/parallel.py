@@ -116,27 +116,28 @@ def local_optimizer(optimizer):
     return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
 
 
-# How gloo reports a peer that does not answer in time, or is gone (NCCL's watchdog ends the process itself)
-PEER_FAILURES = ('Timed out', 'Connection closed by peer', 'Connection reset by peer')
+# How gloo reports a peer that does not answer in time, and one that is gone (NCCL's watchdog ends the process itself)
+TIMED_OUT, PEER_GONE = ('Timed out',), ('Connection closed by peer', 'Connection reset by peer')
 
 
 def collective_failure(exc, timeout):
-    """The one-line message for `exc` if it is a collective that failed because another process stopped answering
+    """(one-line message, secondary) if `exc` is a collective that failed because another process stopped answering
     (a stopped or crashed rank, a wedged GPU, a lost node), naming the collective and the train.py line that ran it;
-    None for any other error."""
-    distributed_error = getattr(torch.distributed, 'DistError', ())
-    if not (isinstance(exc, distributed_error) or
-            (isinstance(exc, RuntimeError) and any(text in str(exc) for text in PEER_FAILURES))):
+    secondary where the other process is gone, and reports why itself. None for any other error."""
+    secondary = any(text in str(exc) for text in PEER_GONE)
+    if not (isinstance(exc, getattr(torch.distributed, 'DistError', ())) or secondary or
+            any(text in str(exc) for text in TIMED_OUT)):
         return None
     frames = traceback.extract_tb(exc.__traceback__)
     caller = next((f for f in reversed(frames) if os.path.basename(f.filename) == 'train.py'), frames[-1])
     line = (caller.line or '').strip()
     collective = next((f.name for f in reversed(frames) if f'distributed{os.sep}' in f.filename),
                       'the gradient sync' if 'backward' in line else 'a collective')  # DDP's and FSDP's run in C++
-    return (f'{collective} at train.py line {caller.lineno} ({line}) got no answer from another process within '
-            f'timeout={timeout:g}s ({first_line(exc)}): look for an error in the other ranks\' output first; a '
-            f'stopped process, a hung GPU or a lost node stalls every rank; raise --timeout only if a rank is '
-            f'legitimately slower (a large checkpoint on a slow disk)')
+    message = (f'{collective} at train.py line {caller.lineno} ({line}) got no answer from another process within '
+               f'timeout={timeout:g}s ({first_line(exc)}): look for an error in the other ranks\' output first; a '
+               f'stopped process, a hung GPU or a lost node stalls every rank; raise --timeout only if a rank is '
+               f'legitimately slower (a large checkpoint on a slow disk)')
+    return message, secondary
 
 
 def exit_with_launcher(poll_seconds=2.0):

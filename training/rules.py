@@ -7,6 +7,7 @@ import pickle
 from model import GPT
 from training import optim, parallel
 from training.errors import ConfigError, first_line
+from training.hellaswag import GPT2_VOCAB_SIZE
 
 DEFAULT_VOCAB_SIZE = 50304  # GPT-2's 50257 padded up to a multiple of 64, as nanoGPT does
 ARCHITECTURE_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size')
@@ -95,7 +96,7 @@ def model_args(config, meta_vocab, resumed_model_args=None):
     """(model_args, crop): the GPTConfig arguments train.py builds for config['init_from'] (scratch: the config's
     shape with meta_vocab or the padded GPT-2 vocabulary; resume: the checkpoint's shape; gpt2*: OpenAI's), and the
     block_size to crop a pretrained model to, or None. ConfigError where block_size or the dataset's vocabulary do
-    not fit the model."""
+    not fit the model, or HellaSwag cannot be scored with it."""
     init_from, block_size = config['init_from'], config['block_size']
     args = dict(n_layer=config['n_layer'], n_head=config['n_head'], n_embd=config['n_embd'], block_size=block_size,
                 bias=config['bias'], vocab_size=None, dropout=config['dropout'])
@@ -113,6 +114,9 @@ def model_args(config, meta_vocab, resumed_model_args=None):
         whose = "the resumed model's" if init_from == 'resume' else f"{init_from}'s"
         raise ConfigError(f"block_size={block_size} is larger than {whose} {args['block_size']}: "
                           f"use --block_size={args['block_size']} or less")
+    if config['hellaswag'] and args['vocab_size'] < GPT2_VOCAB_SIZE:
+        raise ConfigError(f"hellaswag=True scores GPT-2 tokens, but the model's vocab_size is {args['vocab_size']}: "
+                          f"train on a GPT-2 BPE dataset, or --hellaswag=False")
     if meta_vocab is not None and meta_vocab > args['vocab_size']:
         raise ConfigError(f"{os.path.join(dataset_path(config), 'meta.pkl')} has vocab_size {meta_vocab} but the "
                           f"model's is {args['vocab_size']}: its tokens would index past the embedding; use the "

@@ -11,7 +11,6 @@ peak with the real train.py run under the same tracer.
 """
 import contextlib
 import io
-import math
 
 import torch
 import torch.distributed as dist
@@ -69,10 +68,10 @@ def model_args(config):
     return rules.model_args(config, rules.meta_vocab_size(config), resumed)
 
 
-def build(config, activation_checkpointing, mesh=None):
+def build(config, activation_checkpointing, mesh=None, device_type='cuda'):
     """train.py's model and optimizer, on the current device and mode, sharded over `mesh` (see sharded_rank) as
     config's parallelism does; their stdout (print) goes nowhere. A pretrained model is built with its shape, not
-    loaded: the memory is the same."""
+    loaded: the memory is the same. The optimizer is the one train.py builds on `device_type` (fused on CUDA)."""
     with contextlib.redirect_stdout(io.StringIO()):
         with unset_fake_temporarily():  # a library's one-off setup on real tensors (torchao's 8-bit code maps)
             optim.warm_up(config['optim'])
@@ -81,7 +80,7 @@ def build(config, activation_checkpointing, mesh=None):
         model.activation_checkpointing = activation_checkpointing
         if mesh is not None and config['parallelism'] == 'fsdp':
             shard_model(model, mesh, param_dtype=fsdp_param_dtype(config))
-        optimizer = optim.build_optimizer(model, config, 'cuda')  # in backward, the step runs in backward's hooks
+        optimizer = optim.build_optimizer(model, config, device_type)  # in backward: stepped in backward's hooks
         if mesh is not None and config['parallelism'] == 'zero1':
             optimizer = shard_optimizer_state(optimizer)
     return model, optimizer
@@ -170,14 +169,15 @@ def traced_micro_steps(config):
     return min(config['gradient_accumulation_steps'] // config['world_size'], TRACED_MICRO_STEPS)
 
 
-def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_start=False):
+def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_start=False, device_type='cuda'):
     """The traced peaks of `config`'s training iterations (see train_iterations for warm_start) and evaluation
-    forward (if `evaluate`) under FakeTensorMode, where no memory is used. Returns a JSON-able dict."""
+    forward (if `evaluate`) under FakeTensorMode, where no memory is used. Returns a JSON-able dict. device_type:
+    whose optimizer and autocast to trace, 'cuda' (the estimate) or 'cpu' (to compare with a real run on a CPU)."""
     batch_size, activation_checkpointing = config['batch_size'], config['activation_checkpointing']
     eval_batch_size = config['eval_batch_size'] or batch_size
     tracer = MemoryTracer(alignment)
     with sharded_rank(config) as mesh, FakeTensorMode(), tracer:
-        model, optimizer = build(config, activation_checkpointing, mesh)
+        model, optimizer = build(config, activation_checkpointing, mesh, device_type)
         model.loss_fn = tracer.traced_loss(naive_cross_entropy if loss == 'naive' else model.loss_fn)
         tracer.watch(model, local_optimizer(optimizer))
         for block in model.transformer.h:

@@ -1,0 +1,78 @@
+"""training/checkpoint.py: ckpt.pt's layout as nanoGPT's (compiled models' names included), saves that fail or are
+killed midway leave the previous ckpt.pt intact and no temporary file, and unreadable files get one line."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from training import checkpoint as ckpt
+from training.checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
+
+
+def tiny_gpt(seed):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=16))
+
+
+def test_nanogpt_layout_and_compiled_names_load(tmp_path):
+    """nanoGPT saves a compiled model's state dict as it is: every name prefixed with '_orig_mod.'."""
+    model = tiny_gpt(0)
+    assert {'transformer.wte.weight', 'transformer.wpe.weight', 'transformer.h.0.attn.c_attn.weight',
+            'transformer.h.1.mlp.c_proj.bias', 'transformer.ln_f.weight', 'lm_head.weight'} <= set(model.state_dict())
+    state = {'_orig_mod.' + k: v for k, v in model.state_dict().items()}
+    (tmp_path / 'out').mkdir()
+    torch.save({'model': state, 'model_args': dict(model.config.__dict__)}, tmp_path / 'out' / 'ckpt.pt')
+    fresh = tiny_gpt(1)
+    load_model_state(fresh, load_checkpoint(str(tmp_path / 'out'), 'cpu'), str(tmp_path / 'out'))
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+
+
+@pytest.mark.parametrize('error', [OSError(28, 'No space left on device'),
+                                   RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos 832')])
+def test_a_save_that_fails_keeps_the_previous_checkpoint(tmp_path, monkeypatch, error):
+    save_checkpoint({'model': {'w': torch.ones(3)}, 'model_args': {}}, str(tmp_path))
+    before = (tmp_path / 'ckpt.pt').read_bytes()
+
+    def full_disk(obj, f):
+        f.write(b'partial')
+        raise error
+    monkeypatch.setattr(ckpt.torch, 'save', full_disk)
+    with pytest.raises(CheckpointError) as e:
+        save_checkpoint({'model': {'w': torch.zeros(3)}, 'model_args': {}}, str(tmp_path))
+    message = str(e.value)
+    assert message.startswith(f"could not write {tmp_path / 'ckpt.pt'} (") and '\n' not in message
+    assert 'the previous ckpt.pt is intact; free disk space' in message
+    assert os.listdir(tmp_path) == ['ckpt.pt'] and (tmp_path / 'ckpt.pt').read_bytes() == before
+
+
+@pytest.mark.parametrize('content, message', [(os.urandom(4096), 'is not a PyTorch checkpoint'),
+                                              (b'', 'is not a PyTorch checkpoint')])
+def test_a_file_that_is_not_a_checkpoint_is_one_line(tmp_path, content, message):
+    (tmp_path / 'ckpt.pt').write_bytes(content)
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(str(tmp_path), 'cpu')
+    assert message in str(e.value) and '\n' not in str(e.value) and 'weights_only' not in str(e.value)
+
+
+def test_a_truncated_checkpoint_is_one_line(tmp_path):
+    save_checkpoint({'model': {'w': torch.ones(1000)}, 'model_args': {}}, str(tmp_path))
+    data = (tmp_path / 'ckpt.pt').read_bytes()
+    (tmp_path / 'ckpt.pt').write_bytes(data[:len(data) // 2])
+    with pytest.raises(CheckpointError, match='truncated'):
+        load_checkpoint(str(tmp_path), 'cpu')
+
+
+def test_save_removes_temporaries_of_killed_saves_only(tmp_path):
+    finished = subprocess.Popen([sys.executable, '-c', 'pass'])
+    finished.wait()  # its pid now names no process: a save killed mid-write
+    with subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']) as saving:  # another run, saving
+        stale, live = tmp_path / f'.ckpt.pt.{finished.pid}.tmp', tmp_path / f'.ckpt.pt.{saving.pid}.tmp'
+        stale.write_bytes(b'partial')
+        live.write_bytes(b'in progress')
+        save_checkpoint({'model': {}, 'model_args': {}}, str(tmp_path))
+        saving.kill()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, 'ckpt.pt'])
+    assert live.read_bytes() == b'in progress'

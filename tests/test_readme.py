@@ -1,0 +1,97 @@
+"""Every command in README.md's fenced blocks runs as written, in the README's order, in one copy of the repository, as
+a reader would run them: with tiny-model overrides appended where it would train for long, local data written here,
+and the downloads (Tiny Shakespeare, GPT-2's BPE and weights, HellaSwag) replaced by local stand-ins, since no test
+can reach the network."""
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import ROOT, TEXT, patched_env
+
+pytestmark = pytest.mark.slow  # each command is a real run
+
+# what a command that would run long or reach the network gets appended, by its script
+TINY_MODEL = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=2', '--max_iters=2',
+              '--eval_interval=2', '--eval_iters=1', '--log_interval=1', '--device=cpu', '--compile=False',
+              '--dtype=float32', '--always_save_checkpoint=True']  # 2 iterations may not improve val
+APPENDED = {
+    'prepare/shakespeare_char.py': ['--input', 'input.txt'],
+    'prepare/shakespeare.py': ['--input', 'input.txt'],
+    'train.py': TINY_MODEL,
+    'sample.py': ['--num_samples=1', '--max_new_tokens=8', '--device=cpu', '--dtype=float32'],
+    'bench.py': ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=2', '--num_steps=2',
+                 '--burnin_steps=1', '--device=cpu', '--compile=False', '--dtype=float32'],
+    'hellaswag.py': ['--device=cpu', '--dtype=float32', '--max_examples=3'],
+    'estimate_memory.py': [],
+}
+# installs need the network (the tests run in the environment they set up), and the tests cannot run themselves
+SKIPPED = ('pip ', 'python -m pytest ')
+# Stand-ins, in every process: GPT-2's BPE is a tiny byte-level BPE, and OpenAI's weights are random GPT-2s of a tiny
+# shape, built by transformers from its config, as GPT2LMHeadModel.from_pretrained would load them.
+STAND_INS = """
+import helpers, model, prepare.common, transformers
+prepare.common.get_encoding = lambda name: helpers.tiny_encoding(vocab_size=50257)
+tiny = dict(n_layer=2, n_head=2, n_embd=32)
+model.GPT.PRETRAINED_ARGS.update({name: tiny for name in model.GPT.PRETRAINED_ARGS})
+transformers.GPT2LMHeadModel.from_pretrained = staticmethod(
+    lambda name: transformers.GPT2LMHeadModel(transformers.GPT2Config(**tiny)))
+"""
+
+
+def readme_commands():
+    """The commands of README.md's ```sh blocks, a line each, comments dropped."""
+    text = (ROOT / 'README.md').read_text()
+    lines = [line for block in re.findall(r'```sh\n(.*?)```', text, re.S) for line in block.splitlines()]
+    return [line.split('  #')[0].strip() for line in lines if line.strip() and not line.startswith('#')]
+
+
+def with_overrides(command):
+    """`command` (commands joined by &&) with each script's overrides appended and installs dropped."""
+    parts = []
+    for part in command.split(' && '):
+        if part.startswith(SKIPPED):
+            continue
+        words = shlex.split(part)
+        script = next(word for word in words if word.endswith('.py'))
+        parts.append(shlex.join([*words, *APPENDED[script]]))
+    return ' && '.join(parts)
+
+
+@pytest.fixture(scope='module')
+def repository(tmp_path_factory):
+    """A copy of the repository's tracked files with the data the commands expect: Tiny Shakespeare's input.txt
+    stand-in, a small GPT-2-token OpenWebText, and HellaSwag examples."""
+    copy = tmp_path_factory.mktemp('repository')
+    tracked = subprocess.run(['git', 'ls-files'], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for name in tracked.split():
+        if (ROOT / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / name, copy / name)
+    (copy / 'input.txt').write_text(TEXT)
+    (copy / 'data' / 'openwebtext').mkdir(parents=True)
+    ids = np.random.default_rng(0).integers(50257, size=4096, dtype=np.uint16)
+    for split in ('train', 'val'):
+        ids.tofile(copy / 'data' / 'openwebtext' / f'{split}.bin')
+    (copy / 'data' / 'hellaswag').mkdir()
+    example = dict(ctx='The cat sat on the', endings=['mat.', 'moon', 'sofa', 'a'], label=0)
+    (copy / 'data' / 'hellaswag' / 'hellaswag_val.jsonl').write_text(json.dumps(example) + '\n')
+    return copy
+
+
+@pytest.mark.parametrize('command', readme_commands())
+def test_readme_command_runs_as_written(repository, tmp_path, command):
+    if not with_overrides(command):
+        pytest.skip(f'{command}: an install, or this test suite')
+    # torchrun as this interpreter's module: the same Python as the tests'
+    script = with_overrides(command).replace('torchrun ', f'{sys.executable} -m torch.distributed.run ')
+    result = subprocess.run(['bash', '-c', script], cwd=repository, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, **patched_env(tmp_path, STAND_INS), 'OMP_NUM_THREADS': '1',
+                                 'WANDB_MODE': 'disabled'})  # nanoGPT's train_gpt2.py logs to wandb
+    assert result.returncode == 0, f'{command}\n{result.stderr[-3000:]}'
