@@ -92,6 +92,7 @@ n_embd = 768
 dropout = 0.0 # for pretraining 0 is good, for finetuning try 0.1+
 bias = False # do we use bias inside LayerNorm and Linear layers?
 activation_checkpointing = False # recompute each block in backward: much less activation memory, ~30% more compute
+autocast_cache = False # keep autocast's low-precision copy of every weight through each forward (torch's default)
 auto_batch_size = False # on CUDA, estimate_memory.py picks batch_size and gradient_accumulation_steps for the card
 # adamw optimizer
 learning_rate = 6e-4 # max learning rate
@@ -194,7 +195,8 @@ if device_type == 'cuda': # allow tf32 on matmul and cudnn (torch 2.9 renamed al
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 ptdtype = TORCH_DTYPES[dtype]
-ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype,
+                                                                  cache_enabled=autocast_cache)
 
 def get_batch(split, key, rows):
     """`rows` random windows of split.bin and their next-token targets; the offsets come from a generator seeded by

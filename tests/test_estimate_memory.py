@@ -16,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import estimate_memory
 from helpers import ROOT, write_char_dataset
-from model import CHUNK_ELEMENTS, VOCAB_BLOCK
+from model import CHUNK_ELEMENTS, GPT, GPTConfig, VOCAB_BLOCK
 from training.checkpoint import save_checkpoint
 from training.errors import ConfigError
 from training.memory import estimate as em
@@ -292,3 +292,31 @@ def test_oom_advice_scales_the_batch_and_keeps_tokens():
     assert resplit(8, 64, 2, 12) == (12, 44)  # 512 samples: 44 micro-steps of 12 (528, 22 a process), not 64 of 8
     done = oom_advice('training', 1, 8, 1, True, stats, fixed=2 * GIB)
     assert '--batch_size' not in done and 'smaller block_size or model' in done
+
+
+def test_autocast_cache_holds_a_copy_of_the_weights_that_off_frees(tiny):
+    """autocast's cache keeps the bf16 cast of every weight through the forward; with checkpointing nothing else
+    holds them (backward recomputes the block), so with the cache off they are gone at the peak, as in evaluation."""
+    config = {**tiny, 'dtype': 'bfloat16', 'activation_checkpointing': True, 'n_layer': 4}
+    cached, uncached = (em.trace({**config, 'autocast_cache': on}) for on in (True, False))
+    matrices = sum(p.numel() for name, p in em.build(config, True)[0].named_parameters()
+                   if p.dim() == 2 and name.startswith('transformer.h.'))
+    assert cached['train']['breakdown']['weight_copies'] >= 2 * matrices  # the blocks' matrices in bf16
+    assert uncached['train']['breakdown']['weight_copies'] < cached['train']['breakdown']['weight_copies'] / 4
+    assert uncached['train']['peak_bytes'] < cached['train']['peak_bytes']  # the peak moves to backward
+    # evaluation keeps nothing for backward: off, its peak is the cached one without the copies
+    assert uncached['eval']['peak_bytes'] == cached['eval']['peak_bytes'] - cached['eval']['breakdown']['weight_copies']
+
+
+def test_autocast_cache_changes_no_loss_or_gradient():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, dropout=0.0))
+    x = torch.randint(64, (4, 16))
+    results = []
+    for cache in (True, False):
+        model.zero_grad()
+        with torch.autocast('cpu', dtype=torch.bfloat16, cache_enabled=cache):
+            _, loss = model(x, x)
+        loss.backward()
+        results.append([loss.detach()] + [p.grad.clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*results))

@@ -87,12 +87,13 @@ def build(config, activation_checkpointing, mesh=None, device_type='cuda'):
 
 
 
-def autocast(device_type, dtype):
-    if dtype == 'float32':
+def autocast(device_type, config):
+    """train.py's autocast context for config's dtype and autocast_cache."""
+    if config['dtype'] == 'float32':
         return contextlib.nullcontext()
-    if device_type == 'cpu':  # fp16 and bf16 take the same bytes; CPU autocast covers bf16 best
-        return torch.autocast('cpu', dtype=torch.bfloat16)
-    return torch.autocast(device_type, dtype=getattr(torch, dtype))
+    # fp16 and bf16 take the same bytes; CPU autocast covers bf16 best
+    dtype = torch.bfloat16 if device_type == 'cpu' else getattr(torch, config['dtype'])
+    return torch.autocast(device_type, dtype=dtype, cache_enabled=config['autocast_cache'])
 
 
 def random_batch(batch_size, block_size, vocab_size, device):
@@ -126,7 +127,7 @@ def train_iterations(model, optimizer, config, batch_size, device_type, warm_sta
         for micro_step in range(micro_steps):
             if sharded:
                 set_gradient_sync(model, 'fsdp', micro_step == micro_steps - 1)
-            with autocast(device_type, config['dtype']):
+            with autocast(device_type, config):
                 _, loss = model(X, Y)
                 loss = loss / accumulation
             X, Y = random_batch(batch_size, block, vocab, device_type)  # prefetch, as train.py
@@ -141,7 +142,7 @@ def train_iterations(model, optimizer, config, batch_size, device_type, warm_sta
 def eval_forward(model, config, batch_size, device_type):
     model.eval()
     X, Y = random_batch(batch_size, model.config.block_size, model.config.vocab_size, device_type)
-    with autocast(device_type, config['dtype']):
+    with autocast(device_type, config):
         model(X, Y)
     model.train()
 

@@ -11,8 +11,8 @@ from torch.utils._pytree import tree_flatten
 
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes; torch.cuda.max_memory_allocated counts those.
 CUDA_ALIGNMENT = 512
-CATEGORIES = ('parameters', 'gradients', 'optimizer_state', 'ddp_gradient_buckets', 'activations', 'loss_path',
-              'temporaries')
+CATEGORIES = ('parameters', 'weight_copies', 'gradients', 'optimizer_state', 'ddp_gradient_buckets', 'activations',
+              'loss_path', 'temporaries')
 
 
 def inner_tensors(value):
@@ -35,6 +35,7 @@ class MemoryTracer(TorchDispatchMode):
 
     Each storage counts once (views and in-place ops add nothing), rounded up to `alignment` bytes, from the op that
     created it until its last reference dies (weakref.finalize). An allocation's category is where it was made:
+    a low-precision cast of a parameter under autocast (weight_copies: kept through the forward by autocast's cache),
     in the model's forward (activations, also when recomputed by activation checkpointing in backward), in the loss
     function or its backward (loss_path), elsewhere (temporaries: activation gradients, inputs, optimizer and
     clipping scratch). Parameters, gradients and optimizer state are recognized by identity when a peak is recorded.
@@ -93,6 +94,14 @@ class MemoryTracer(TorchDispatchMode):
             return result
         return loss
 
+    def _is_weight_cast(self, func, args):
+        """A copy of a parameter (autocast's low-precision cast, which its cache keeps through the forward, or the
+        loss's own)."""
+        if func is not torch.ops.aten._to_copy.default or not isinstance(args[0], torch.Tensor):
+            return False
+        entry = self.live.get(id(local_storage(args[0])))
+        return entry is not None and entry[1] == 'parameters'
+
     def _category(self):
         node = torch._C._current_autograd_node()
         if node is not None:  # in backward
@@ -105,11 +114,10 @@ class MemoryTracer(TorchDispatchMode):
             return 'loss_path'
         return 'activations' if self.forward_depth > 0 else 'temporaries'
 
-    def _track(self, tensor):
+    def _track(self, tensor, category):
         storage = local_storage(tensor)  # a subclass's inner tensors are mostly tracked already, when they were made
         if id(storage) in self.live:
             return
-        category = self._category()
         size = self._count(storage, storage.nbytes(), category)
         allocation = (tuple(tensor.shape), str(tensor.dtype).removeprefix('torch.'), category)
         self.allocations[allocation] = max(size, self.allocations.get(allocation, 0))
@@ -179,9 +187,10 @@ class MemoryTracer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        category = 'weight_copies' if self._is_weight_cast(func, args) else self._category()
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
-                self._track(t)
+                self._track(t, category)
         self._update_peak()
         return out
 
