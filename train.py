@@ -96,7 +96,9 @@ weight_decay = 1e-1
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0 # clip gradients at this value, or disable if == 0.0
-optim = 'adamw' # 'adamw' (fp32 moments), 'adamw_bf16' (bf16 moments) or 'adamw_8bit' (torchao's 8-bit): training/optim.py
+optim = 'adamw' # 'adamw' (fp32 moments), 'adamw_bf16', 'adamw_8bit' (torchao) or 'muon': training/optim.py
+muon_learning_rate = 0.02 # optim='muon': max lr of the blocks' matrices (Keller Jordan's Muon; nanochat's matrix_lr)
+muon_momentum = 0.95 # optim='muon': Muon's Nesterov momentum (Keller Jordan's, and torch.optim.Muon's default)
 optimizer_in_backward = False # update each parameter in backward and free its gradient: needs accumulation 1, no clip
 # learning rate decay settings
 decay_lr = True # whether to decay the learning rate
@@ -356,8 +358,8 @@ try:
 
         # determine and set the learning rate for this iteration
         lr = cosine_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters) if decay_lr else learning_rate
-        for param_group in optimizer.param_groups:
-            param_group['lr'] = lr
+        for param_group in optimizer.param_groups: # optim='muon': its matrices' groups, the same schedule scaled
+            param_group['lr'] = lr * muon_learning_rate / learning_rate if param_group.get('muon') else lr
 
         # evaluate the loss on train/val sets and write checkpoints
         if iter_num % eval_interval == 0 or eval_only:
