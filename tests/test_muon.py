@@ -4,6 +4,7 @@ backward; its state dict resumes exactly; the estimator traces its smaller state
 run with one line, resumes exactly, and trains on 2 processes under ddp and zero1 as on one."""
 import copy
 import io
+import pickle
 
 import pytest
 import torch
@@ -11,7 +12,6 @@ import torch
 import estimate_memory
 from helpers import TINY_ARGS, logged_losses, run_script
 from model import GPT, GPTConfig
-from test_optim import weighty  # noqa: F401  the estimator config whose memory is mostly the weights' state
 from test_parallel import ARGS as PARALLEL_ARGS, assert_same_losses, torchrun
 from training import optim
 from training.errors import ConfigError
@@ -28,6 +28,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def weighty(tmp_path):
+    """An estimator config whose memory is mostly the weights' training state, the blocks' matrices most of it."""
+    (tmp_path / 'tiny').mkdir()
+    with open(tmp_path / 'tiny' / 'meta.pkl', 'wb') as f:
+        pickle.dump({'vocab_size': 256}, f)
+    return {**estimate_memory.estimator_defaults(), 'data_dir': str(tmp_path), 'dataset': 'tiny',
+            'init_from': 'scratch', 'n_layer': 2, 'n_head': 4, 'n_embd': 256, 'block_size': 32, 'bias': False,
+            'dropout': 0.0, 'batch_size': 1, 'gradient_accumulation_steps': 1, 'eval_batch_size': 0, 'grad_clip': 0.0,
+            'dtype': 'float32', 'activation_checkpointing': False}
 
 
 def tiny_gpt(in_backward=False):
@@ -148,7 +160,7 @@ def test_check_config_refuses_with_one_line(overrides, world_size, message):
     optim.check_config({**config, 'parallelism': 'fsdp', 'learning_rate': 1e-3, 'muon_momentum': 0.95}, 1)
 
 
-def test_estimator_traces_4_bytes_a_matrix_parameter(weighty):  # noqa: F811
+def test_estimator_traces_4_bytes_a_matrix_parameter(weighty):
     adamw, muon = (em.trace({**weighty, 'optim': name}, evaluate=False)['train'] for name in ('adamw', 'muon'))
     model = em.build({**weighty, 'optim': 'muon'}, False)[0]
     matrices = sum(p.numel() for p in model.transformer.h.parameters() if p.dim() == 2)
@@ -160,14 +172,14 @@ def test_estimator_traces_4_bytes_a_matrix_parameter(weighty):  # noqa: F811
     assert zero1['breakdown']['optimizer_state'] < 0.75 * muon['breakdown']['optimizer_state']
 
 
-def test_estimator_equals_the_real_cpu_peak_with_muon(weighty):  # noqa: F811
+def test_estimator_equals_the_real_cpu_peak_with_muon(weighty):
     """Newton-Schulz's temporaries (the Nesterov update, its bf16 copy, the Gram matrices) are traced as they run."""
     from test_estimate_memory import real_cpu_peak
     config = {**weighty, 'optim': 'muon', 'gradient_accumulation_steps': 2, 'grad_clip': 1.0}
     assert em.trace(config, alignment=1)['train']['peak_bytes'] == pytest.approx(real_cpu_peak(config), rel=0.02)
 
 
-def test_estimate_memory_reports_muon(weighty, capsys):  # noqa: F811
+def test_estimate_memory_reports_muon(weighty):
     config = {**weighty, 'optim': 'muon'}
     text = estimate_memory.report(config, em.estimate(config))
     assert "Muon for the blocks' matrices, fused AdamW for the rest" in text
@@ -229,3 +241,21 @@ def test_two_processes_under_ddp_and_zero1_match_one(data_dir, tmp_path):
     resumed = run_script('train.py', *args, f'--out_dir={tmp_path / "zero1"}', '--max_iters=6', '--init_from=resume')
     assert resumed.returncode == 0, resumed.stderr
     assert_same_losses(resumed.stdout, single.stdout, 'iter', range(4, 7))
+
+
+@pytest.mark.slow
+def test_bench_optim_prints_both_curves_and_the_state_bytes(data_dir):
+    """bench_optim.py on the tiny character set, a few steps: both curves from the same initial loss, and Muon's
+    state for the blocks' matrices half of AdamW's (the step counters aside)."""
+    result = run_script('bench_optim.py', f'--data_dir={data_dir}', '--dataset=tiny_char', '--n_layer=1',
+                        '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4', '--max_iters=4',
+                        '--eval_interval=2', '--eval_iters=2', '--lr_decay_iters=4', '--warmup_iters=1')
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = lines.index('step         adamw        muon')
+    rows = [line.split() for line in lines[header + 1:header + 4]]
+    assert [row[0] for row in rows] == ['0', '2', '4'] and rows[0][1] == rows[0][2]
+    state = {line.split(':')[0]: line for line in lines[header + 4:]}
+    matrix_bytes = {name: int(text.split("blocks' matrices ")[1].split(' ')[0].replace(',', ''))
+                    for name, text in state.items()}
+    assert matrix_bytes['adamw'] == 2 * matrix_bytes['muon'] + 4 * 4  # AdamW's 4 scalar step counters
