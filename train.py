@@ -50,7 +50,7 @@ from training.device import TORCH_DTYPES, check_device, peak_flops
 from training.errors import ConfigError, fail, first_line
 from training.hellaswag import cached_val_file, evaluate, read_examples
 from training.memory.advice import cuda_memory_stats, oom_advice
-from training.optim import build_optimizer
+from training.optim import build_optimizer, group_lr
 from training.paths import check_writable_dir
 from training.parallel import (collective_failure, exit_with_launcher, fsdp_param_dtype, full_state_dicts,
                                load_optimizer_state, set_gradient_sync, shard_model, shard_optimizer_state)
@@ -101,7 +101,9 @@ weight_decay = 1e-1
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0 # clip gradients at this value, or disable if == 0.0
-optim = 'adamw' # 'adamw' (fp32 moments), 'adamw_bf16' (bf16 moments) or 'adamw_8bit' (torchao's 8-bit moments)
+optim = 'adamw' # 'adamw' (fp32 moments), 'adamw_bf16', 'adamw_8bit' (torchao's 8-bit moments) or 'muon'
+muon_learning_rate = 0.02 # optim='muon': max lr of the blocks' matrices (Keller Jordan's Muon; nanochat's matrix_lr)
+muon_momentum = 0.95 # optim='muon': Muon's Nesterov momentum (Keller Jordan's, and torch.optim.Muon's default)
 optimizer_in_backward = False # update each parameter in backward and free its gradient: needs accumulation 1, no clip
 # learning rate decay settings
 decay_lr = True # whether to decay the learning rate
@@ -389,7 +391,7 @@ try:
         # determine and set the learning rate for this iteration
         lr = cosine_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters) if decay_lr else learning_rate
         for param_group in optimizer.param_groups:
-            param_group['lr'] = lr
+            param_group['lr'] = group_lr(param_group, lr, config) # optim='muon': its groups' lr in proportion
 
         # evaluate the loss on train/val sets and write checkpoints
         if iter_num % eval_interval == 0 or eval_only:

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tiktoken
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,6 +21,10 @@ TINY_ARGS = ['--device=cpu', '--dtype=float32', '--compile=False', f'--dataset={
              '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4', '--gradient_accumulation_steps=1',
              '--dropout=0.0', '--bias=False', '--learning_rate=1e-2', '--min_lr=1e-3', '--warmup_iters=2',
              '--lr_decay_iters=100', '--eval_iters=2', '--log_interval=1', '--wandb_log=False']
+
+
+# one micro-batch per process per iteration at world size 2, two in one process: the same global batch
+PARALLEL_ARGS = [*TINY_ARGS, '--gradient_accumulation_steps=2', '--eval_interval=2']
 
 
 def write_char_dataset(data_dir, name=DATASET, text=TEXT, vocab_size=None):
@@ -45,6 +50,13 @@ def run_script(script, *args, env=None, timeout=300):
     return subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
 
+
+
+def assert_same_losses(stdout, reference, kind, iterations):
+    """The logged losses of `kind` (see logged_losses) at `iterations` in stdout are those of `reference`."""
+    losses, expected = logged_losses(stdout, kind), logged_losses(reference, kind)
+    assert sorted(losses) == list(iterations)
+    assert [losses[i] for i in iterations] == [pytest.approx(expected[i], abs=1e-4) for i in iterations]
 
 
 def torchrun(*args, processes=2, env=None, timeout=300):

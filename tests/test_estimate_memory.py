@@ -74,6 +74,8 @@ FIDELITY_CASES = {
                                                  'gradient_accumulation_steps': 2},
     'adamw_bf16': {'optim': 'adamw_bf16'},
     'optimizer_in_backward': {'optimizer_in_backward': True, 'grad_clip': 0.0},
+    # Newton-Schulz's temporaries (the Nesterov update, its bf16 copy, the Gram matrices) traced as they run
+    'muon with accumulation': {'optim': 'muon', 'gradient_accumulation_steps': 2},
 }
 FIDELITY_MODEL = dict(n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=8, bias=False, dropout=0.0)
 

@@ -12,12 +12,12 @@ import time
 import pytest
 import torch
 
-from helpers import ROOT, TINY_ARGS, logged_losses, run_script, torchrun, write_char_dataset
+from helpers import (PARALLEL_ARGS as ARGS, ROOT, assert_same_losses, logged_losses, run_script, torchrun,
+                     write_char_dataset)
 
 pytestmark = pytest.mark.slow  # every test here runs train.py, most under torchrun
 MODES = ('ddp', 'zero1', 'fsdp')
 # one micro-batch per process per iteration at world size 2, two in one process: the same global batch
-ARGS = [*TINY_ARGS, '--gradient_accumulation_steps=2', '--eval_interval=2']
 
 
 def load(out_dir):
@@ -38,12 +38,6 @@ def runs(tmp_path_factory):
     for name, result in results.items():
         assert result.returncode == 0, f'{name}: {result.stderr[-3000:]}'
     return {name: (result.stdout, root / name) for name, result in results.items()}, data_dir
-
-
-def assert_same_losses(stdout, reference, kind, iterations):
-    losses, expected = logged_losses(stdout, kind), logged_losses(reference, kind)
-    assert sorted(losses) == list(iterations)
-    assert [losses[i] for i in iterations] == pytest.approx([expected[i] for i in iterations], abs=1e-4)
 
 
 @pytest.mark.parametrize('mode', MODES)
@@ -145,7 +139,7 @@ def test_an_error_of_every_rank_is_printed_once(tmp_path, data_dir):
     result = torchrun(*ARGS, f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}', '--learning_rat=1')
     assert result.returncode != 0 and not (tmp_path / 'out').exists()
     errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
-    assert errors == ['error: unknown config key --learning_rat: did you mean --learning_rate?']
+    assert len(errors) == 1 and errors[0].startswith('error: unknown config key --learning_rat: did you mean')
 
 
 @needs_proc

@@ -4,7 +4,8 @@ The optimizer, chosen by train.py's `optim` key, and the optional step fused int
 Finetuning memory is dominated by the weights' training state, not by activations: fp32 weights, their gradients and
 AdamW's two fp32 moments take 16 bytes a parameter. Two levers here cut it:
 - the moments' storage (`optim`): 'adamw' keeps them in fp32 (8 bytes a parameter), 'adamw_bf16' in bf16 (4 bytes),
-  'adamw_8bit' in torchao's block-wise 8-bit format (~2 bytes);
+  'adamw_8bit' in torchao's block-wise 8-bit format (~2 bytes); 'muon' steps the transformer blocks' weight matrices
+  with torch's Muon, one fp32 momentum buffer (4 bytes a parameter), and the rest with AdamW;
 - the gradients' lifetime (`optimizer_in_backward=True`): each parameter is updated, and its gradient freed, as soon
   as backward has produced it, so the gradients of the whole model never exist at once (4 bytes a parameter less,
   all but one tensor's worth).
@@ -18,7 +19,7 @@ import torch
 
 from training.errors import ConfigError
 
-OPTIMS = ('adamw', 'adamw_bf16', 'adamw_8bit')
+OPTIMS = ('adamw', 'adamw_bf16', 'adamw_8bit', 'muon')
 
 
 @contextlib.contextmanager
@@ -56,6 +57,8 @@ def check_config(config, world_size):
     """ConfigError, one line naming the key, the value and the fix, for an `optim` that cannot run here or an
     optimizer_in_backward=True combined with what it cannot honour (see OptimizerInBackward)."""
     require(config['optim'])
+    if config['optim'] == 'muon':
+        check_muon(config, world_size)
     if not config['optimizer_in_backward']:
         return
     accumulation = config['gradient_accumulation_steps']
@@ -81,9 +84,24 @@ def check_config(config, world_size):
                           'gradient_accumulation_steps > 1; set --batch_size yourself or --auto_batch_size=False')
 
 
+def check_muon(config, world_size):
+    """ConfigError for optim='muon' keys out of range, and for fsdp, which splits the matrices Muon orthogonalizes."""
+    if config['parallelism'] == 'fsdp' and world_size > 1:
+        raise ConfigError("optim='muon' orthogonalizes each whole weight matrix, which parallelism='fsdp' splits over "
+                          "the processes: use --parallelism=zero1 (Muon's state is sharded there too) or ddp, or "
+                          "another --optim with fsdp")
+    if config['learning_rate'] <= 0 or config['muon_learning_rate'] < 0:
+        raise ConfigError(f"optim='muon' schedules muon_learning_rate={config['muon_learning_rate']} in proportion to "
+                          f"learning_rate={config['learning_rate']}: give a positive --learning_rate and a "
+                          f"--muon_learning_rate of 0 or more (e.g. 0.02)")
+    if not 0.0 <= config['muon_momentum'] < 1.0:
+        raise ConfigError(f"muon_momentum must be in [0, 1), got {config['muon_momentum']}: e.g. --muon_momentum=0.95")
+
+
 def describe(optim, optimizer_in_backward=False):
     """A few words for estimate_memory.py's report."""
-    text = {'adamw': 'fused AdamW', 'adamw_bf16': 'AdamW with bf16 moments', 'adamw_8bit': "torchao's 8-bit AdamW"}
+    text = {'adamw': 'fused AdamW', 'adamw_bf16': 'AdamW with bf16 moments', 'adamw_8bit': "torchao's 8-bit AdamW",
+            'muon': "Muon for the blocks' matrices, fused AdamW for the rest"}
     return text[optim] + (' stepped in backward' if optimizer_in_backward else '')
 
 
@@ -99,11 +117,16 @@ def optimizer_class(optim):
 
 
 def build_optimizer(model, config, device_type):
-    """train.py's optimizer for `model`: configure_optimizers' parameter groups, config's optim, and stepped in
-    backward with optimizer_in_backward (ZeRO, under zero1, wraps it after: parallel.shard_optimizer_state)."""
-    optimizer = model.configure_optimizers(config['weight_decay'], config['learning_rate'],
-                                           (config['beta1'], config['beta2']), device_type,
-                                           optimizer_class(config['optim']))
+    """train.py's optimizer for `model`: configure_optimizers' parameter groups (muon: muon_param_groups'), config's
+    optim, and stepped in backward with optimizer_in_backward (ZeRO, under zero1, wraps it after:
+    parallel.shard_optimizer_state)."""
+    betas = (config['beta1'], config['beta2'])
+    if config['optim'] == 'muon':
+        optimizer = MuonAdamW(muon_param_groups(model, config), betas=betas,
+                              fused=True if device_type == 'cuda' else None)  # as configure_optimizers' AdamW
+    else:
+        optimizer = model.configure_optimizers(config['weight_decay'], config['learning_rate'], betas, device_type,
+                                               optimizer_class(config['optim']))
     if config['optim'] != 'adamw':
         print(f"using {config['optim']}")
     return OptimizerInBackward(optimizer) if config['optimizer_in_backward'] else optimizer
@@ -224,6 +247,67 @@ def _torchao_adamw8bit():
             return loss
 
     return TorchaoAdamW8bit
+
+
+def group_lr(group, lr, config):
+    """The learning rate of `group` at an iteration whose scheduled learning_rate is `lr`: the Muon groups follow the
+    same schedule, scaled to muon_learning_rate at its peak."""
+    return lr * config['muon_learning_rate'] / config['learning_rate'] if group.get('muon') else lr
+
+
+def muon_param_groups(model, config):
+    """nanoGPT's parameter groups (2-D tensors decayed, the rest not) with the transformer blocks' 2-D weight matrices
+    taken out into a Muon group: Muon is for hidden layers' matrices, so the token embedding (also lm_head, tied) and
+    the position embedding stay with AdamW, at learning_rate, as do the LayerNorms and biases."""
+    matrices = [p for p in model.transformer.h.parameters() if p.requires_grad and p.dim() == 2]
+    in_muon = {id(p) for p in matrices}
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in in_muon]
+    decay, no_decay = [p for p in rest if p.dim() >= 2], [p for p in rest if p.dim() < 2]
+    print(f"num Muon matrices: {len(matrices)}, with {sum(p.numel() for p in matrices):,} parameters; AdamW: "
+          f"{len(decay)} decayed tensors, {sum(p.numel() for p in decay):,} parameters, {len(no_decay)} not decayed, "
+          f"{sum(p.numel() for p in no_decay):,} parameters")
+    return [dict(params=matrices, muon=True, lr=config['muon_learning_rate'], momentum=config['muon_momentum'],
+                 weight_decay=config['weight_decay']),
+            dict(params=decay, lr=config['learning_rate'], weight_decay=config['weight_decay']),
+            dict(params=no_decay, lr=config['learning_rate'], weight_decay=0.0)]
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """torch's Muon for the parameter groups marked 'muon': True (2-D matrices only), torch's AdamW for the others,
+    as one optimizer. Both of torch's optimizers work on this one's group dicts and share its `state` (parameter ->
+    state; the parameters are disjoint), so everything that takes an optimizer takes this one as it is: setting 'lr'
+    in param_groups schedules both, GradScaler unscales and steps it, ZeroRedundancyOptimizer builds one over its
+    share of each group, and state_dict() is torch's layout, indexed through the groups in order, holding Muon's
+    momentum_buffer for the matrices and AdamW's step, exp_avg and exp_avg_sq for the rest. Each group keeps its own
+    hyperparameters: Muon's momentum (nesterov, 5 Newton-Schulz steps and its lr adjustment max(1, rows/cols)^0.5
+    are torch's defaults, Keller Jordan's), AdamW's betas."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0, momentum=0.95, fused=None):
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, muon=False))
+        muon_groups = [group for group in self.param_groups if group['muon']]
+        adamw_groups = [group for group in self.param_groups if not group['muon']]
+        # each takes the groups given (the same dicts, adding its defaults); empty kinds get no optimizer
+        self.parts = ([torch.optim.Muon(muon_groups, lr=lr, momentum=momentum)] if muon_groups else []) + \
+            ([torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, fused=fused)] if adamw_groups else [])
+        self._share()
+
+    def _share(self):
+        """Point the parts at this optimizer's groups and state (again after load_state_dict, which replaces both)."""
+        for part in self.parts:
+            muon = isinstance(part, torch.optim.Muon)
+            part.param_groups = [group for group in self.param_groups if group['muon'] == muon]
+            part.state = self.state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = _closure_loss(closure)
+        for part in self.parts:
+            part.step()
+        return loss
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        self._share()
 
 
 class OptimizerInBackward:

@@ -1,0 +1,131 @@
+"""
+optim='adamw' against optim='muon': the same small GPT trained on the CPU from the same initial weights, on the same
+batches, for the same steps, with train.py's optimizer (training.optim.build_optimizer), schedule and step; prints
+each one's validation-loss curve, time per step and optimizer-state bytes. A benchmark, not a test:
+
+$ python prepare/shakespeare.py && python bench_optim.py    # Tiny Shakespeare in GPT-2 BPE (README: optim='muon')
+$ python bench_optim.py --dataset=shakespeare_char          # without tiktoken: the character-level set
+
+Keys are overridden as in train.py: config files, then --key=value (python bench_optim.py --help lists them).
+"""
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+import configurator
+from model import GPT, GPTConfig
+from training import rules
+from training.errors import ConfigError, fail
+from training.optim import build_optimizer, check_config, group_lr
+from training.schedule import cosine_lr
+
+# -----------------------------------------------------------------------------
+optims = 'adamw,muon' # comma-separated `optim` values to compare
+data_dir = 'data'
+dataset = 'shakespeare' # data_dir/dataset/train.bin and val.bin, as train.py reads them
+seed = 1337 # the initial weights, the batches and the validation windows: the same for every optimizer
+# model: 4 layers, d=128, GPT-2's vocabulary (or meta.pkl's), 128-token windows
+n_layer = 4
+n_head = 4
+n_embd = 128
+block_size = 128
+batch_size = 16
+# training: train.py's keys and meaning
+max_iters = 200
+eval_interval = 25
+eval_iters = 20 # validation batches of batch_size windows: the same windows at every evaluation
+learning_rate = 1e-3 # AdamW's (optim='muon': for the embeddings, LayerNorms and biases)
+muon_learning_rate = 0.02
+muon_momentum = 0.95
+weight_decay = 1e-1
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0
+warmup_iters = 10
+lr_decay_iters = 200
+min_lr = 1e-4
+# -----------------------------------------------------------------------------
+config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
+try:
+    config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
+    names = config['optims'].split(',')
+    config.update(optimizer_in_backward=False, parallelism='ddp') # one process, the standard step
+    for name in names:
+        check_config({**config, 'optim': name}, 1)
+    rules.check_dataset(config)
+    vocab_size = rules.meta_vocab_size(config) or rules.DEFAULT_VOCAB_SIZE
+except ConfigError as e:
+    fail(e)
+globals().update(config)
+# -----------------------------------------------------------------------------
+
+
+def windows(split, generator, rows):
+    data = np.memmap(os.path.join(data_dir, dataset, f'{split}.bin'), dtype=np.uint16, mode='r')
+    ix = generator.integers(len(data) - block_size, size=rows)
+    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix])
+    return x, y
+
+
+@torch.no_grad()
+def val_loss(model, batches):
+    model.eval()
+    losses = [model(x, y)[1].item() for x, y in batches]
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def state_bytes(optimizer, params):
+    """Bytes of the optimizer's state tensors for `params`."""
+    return sum(t.nbytes for p in params for t in optimizer.state[p].values() if isinstance(t, torch.Tensor))
+
+
+def train(optim, val_batches):
+    """({step: val loss}, seconds per step, optimizer-state bytes) of a run with `optim`."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
+                          vocab_size=vocab_size, bias=False, dropout=0.0))
+    optimizer = build_optimizer(model, {**config, 'optim': optim}, 'cpu')
+    curve, seconds = {}, 0.0
+    for it in range(max_iters + 1):
+        if it % eval_interval == 0 or it == max_iters:
+            curve[it] = val_loss(model, val_batches)
+            print(f'{optim} step {it}: val loss {curve[it]:.4f}', flush=True)
+        if it == max_iters:
+            break
+        t0 = time.perf_counter()
+        lr = cosine_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters) # as train.py sets it
+        for group in optimizer.param_groups:
+            group['lr'] = group_lr(group, lr, config)
+        x, y = windows('train', np.random.default_rng((seed, 0, it)), batch_size)
+        _, loss = model(x, y)
+        loss.backward()
+        if grad_clip != 0.0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        seconds += time.perf_counter() - t0
+    matrices = [p for p in model.transformer.h.parameters() if p.dim() == 2] # what optim='muon' gives to Muon
+    rest = [p for p in model.parameters() if all(p is not q for q in matrices)]
+    return curve, seconds / max_iters, (state_bytes(optimizer, matrices), state_bytes(optimizer, rest))
+
+
+generator = np.random.default_rng((seed, 1))
+val_batches = [windows('val', generator, batch_size) for _ in range(eval_iters)]
+results = {name: train(name, val_batches) for name in names}
+print(f'\n{dataset}, {n_layer} layers, d={n_embd}, vocab {vocab_size}, batch {batch_size} x {block_size}, '
+      f'{max_iters} steps, lr {learning_rate:g} (muon_learning_rate {muon_learning_rate:g}), seed {seed}, '
+      f'{torch.get_num_threads()} threads')
+print('step  ' + ''.join(f'{name:>12}' for name in names))
+for it in results[names[0]][0]:
+    print(f'{it:>4}  ' + ''.join(f'{results[name][0][it]:>12.4f}' for name in names))
+for name, (curve, step_seconds, (matrix_bytes, rest_bytes)) in results.items():
+    target = min(results[names[0]][0].values()) # the first optimizer's best val loss: when does each reach it?
+    reached = next((it for it, loss in curve.items() if loss <= target), None)
+    print(f"{name}: optimizer state {matrix_bytes + rest_bytes:,} bytes, of which the blocks' matrices "
+          f"{matrix_bytes:,} and the rest {rest_bytes:,}; {step_seconds * 1000:.0f} ms a step; val loss "
+          f"{target:.4f} first reached at step {reached}")

@@ -1,0 +1,253 @@
+"""optim='muon': torch's Muon on the transformer blocks' matrices and AdamW on the rest, as one optimizer. Its groups
+hold exactly the blocks' 2-D matrices; its steps are torch's Muon's and AdamW's, also through GradScaler and in
+backward; its state dict resumes exactly; the estimator traces its smaller state; train.py refuses what it cannot
+run with one line, resumes exactly, and trains on 2 processes under ddp and zero1 as on one."""
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+
+import estimate_memory
+from helpers import PARALLEL_ARGS, TINY_ARGS, assert_same_losses, logged_losses, run_script, torchrun
+from model import GPT, GPTConfig
+from training import optim
+from training.errors import ConfigError
+from training.memory import estimate as em
+
+CONFIG = dict(optim='muon', learning_rate=1e-3, muon_learning_rate=0.02, muon_momentum=0.95, weight_decay=0.1,
+              beta1=0.9, beta2=0.95, optimizer_in_backward=False)
+BLOCK_MATRICES = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def weighty(tmp_path):
+    """An estimator config whose memory is mostly the weights' training state, the blocks' matrices most of it."""
+    (tmp_path / 'tiny').mkdir()
+    with open(tmp_path / 'tiny' / 'meta.pkl', 'wb') as f:
+        pickle.dump({'vocab_size': 256}, f)
+    return {**estimate_memory.estimator_defaults(), 'data_dir': str(tmp_path), 'dataset': 'tiny',
+            'init_from': 'scratch', 'n_layer': 2, 'n_head': 4, 'n_embd': 256, 'block_size': 32, 'bias': False,
+            'dropout': 0.0, 'batch_size': 1, 'gradient_accumulation_steps': 1, 'eval_batch_size': 0, 'grad_clip': 0.0,
+            'dtype': 'float32', 'activation_checkpointing': False}
+
+
+def tiny_gpt(in_backward=False):
+    """A 2-layer GPT with biases (1-D parameters in the blocks too) and its muon optimizer."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=96, bias=True, dropout=0.0))
+    return model, optim.build_optimizer(model, {**CONFIG, 'optimizer_in_backward': in_backward}, 'cpu')
+
+
+def batch(seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(96, (4, 16), generator=generator) for _ in range(2)]
+
+
+def train_steps(model, optimizers, steps, first=0, scaler=None):
+    """train.py's step on batches of their own per step, the learning rates scheduled as train.py does; `optimizers`
+    are stepped in turn (one, or torch's Muon and AdamW side by side)."""
+    for step in range(first, first + steps):
+        lr = 1e-3 * (step + 1) / 5
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group['lr'] = lr * 0.02 / 1e-3 if group.get('muon') else lr
+        x, y = batch(step)
+        _, loss = model(x, y)
+        (scaler.scale(loss) if scaler else loss).backward()
+        for optimizer in optimizers:
+            if scaler:
+                scaler.step(optimizer)
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if scaler:
+            scaler.update()
+
+
+def assert_same_parameters(a, b):
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_muon_groups_hold_exactly_the_blocks_matrices():
+    model, optimizer = tiny_gpt()
+    names = {p: name for name, p in model.named_parameters()}
+    [muon] = [group for group in optimizer.param_groups if group['muon']]
+    assert sorted(names[p] for p in muon['params']) == sorted(f'transformer.h.{i}.{name}' for i in range(2)
+                                                              for name in BLOCK_MATRICES)
+    assert (muon['lr'], muon['momentum'], muon['weight_decay']) == (0.02, 0.95, 0.1)
+    decay, no_decay = [group for group in optimizer.param_groups if not group['muon']]
+    # the tied token embedding (lm_head) and the position embedding: AdamW, decayed as nanoGPT's 2-D tensors
+    assert sorted(names[p] for p in decay['params']) == ['transformer.wpe.weight', 'transformer.wte.weight']
+    assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
+    assert all(p.dim() == 1 for p in no_decay['params'])  # LayerNorms and biases, blocks' included
+    assert len(muon['params']) + len(decay['params']) + len(no_decay['params']) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize('scaled', [False, True])
+def test_steps_equal_torchs_muon_and_adamw_on_the_same_groups(scaled):
+    """Also through GradScaler (fp16's; its power-of-two scale unscales exactly), which steps it as any optimizer."""
+    model, optimizer = tiny_gpt()
+    reference, _ = tiny_gpt()
+    groups = optim.muon_param_groups(reference, CONFIG)
+    muon = torch.optim.Muon(groups[:1], lr=0.02, momentum=0.95)
+    adamw = torch.optim.AdamW(groups[1:], lr=1e-3, betas=(0.9, 0.95))
+    scalers = [torch.amp.GradScaler('cpu') if scaled else None for _ in range(2)]
+    train_steps(model, [optimizer], 3, scaler=scalers[0])
+    train_steps(reference, [muon, adamw], 3, scaler=scalers[1])
+    assert_same_parameters(model, reference)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        expected = (muon.state if q in muon.state else adamw.state)[q]
+        assert optimizer.state[p].keys() == expected.keys()
+        assert all(torch.equal(optimizer.state[p][k], v) for k, v in expected.items())
+
+
+def test_state_dict_resumes_exactly():
+    """Torch's layout, both optimizers' state in one dict (Muon's momentum for the matrices, AdamW's moments for the
+    rest), through torch.save and a weights_only load as train.py's checkpoint; the resumed steps repeat."""
+    model, optimizer = tiny_gpt()
+    train_steps(model, [optimizer], 2)
+    buffer = io.BytesIO()
+    torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, buffer)
+    train_steps(model, [optimizer], 3, first=2)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    kinds = {frozenset(state) for state in saved['optimizer']['state'].values()}
+    assert kinds == {frozenset(['momentum_buffer']), frozenset(['step', 'exp_avg', 'exp_avg_sq'])}
+    resumed, resumed_optimizer = tiny_gpt()
+    resumed.load_state_dict(saved['model'])
+    resumed_optimizer.load_state_dict(saved['optimizer'])
+    train_steps(resumed, [resumed_optimizer], 3, first=2)
+    assert_same_parameters(resumed, model)
+
+
+def test_in_backward_gives_the_standard_loops_parameters():
+    """Muon orthogonalizes each matrix on its own, so stepping each parameter as backward finishes it is exact."""
+    model, optimizer = tiny_gpt()
+    fused_model, fused = tiny_gpt(in_backward=True)
+    train_steps(model, [optimizer], 3)
+    train_steps(fused_model, [fused], 3)
+    for p, q in zip(model.parameters(), fused_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-7)
+    saved = fused.state_dict()  # the standard optimizer's layout: loads either way
+    assert saved['state'].keys() == optimizer.state_dict()['state'].keys()
+    tiny_gpt()[1].load_state_dict(copy.deepcopy(saved))
+    tiny_gpt(in_backward=True)[1].load_state_dict(optimizer.state_dict())
+
+
+@pytest.mark.parametrize('overrides, world_size, message', [
+    ({'parallelism': 'fsdp'}, 2, "optim='muon' orthogonalizes each whole weight matrix"),
+    ({'muon_momentum': 1.0}, 1, 'muon_momentum must be in [0, 1)'),
+    ({'learning_rate': 0.0}, 1, '--learning_rate'),
+])
+def test_check_config_refuses_with_one_line(overrides, world_size, message):
+    config = {**CONFIG, 'parallelism': 'ddp', 'gradient_accumulation_steps': 1, 'grad_clip': 1.0,
+              'dtype': 'float32', **overrides}
+    with pytest.raises(ConfigError) as error:
+        optim.check_config(config, world_size)
+    assert message in str(error.value) and '\n' not in str(error.value)
+    optim.check_config({**config, 'parallelism': 'fsdp', 'learning_rate': 1e-3, 'muon_momentum': 0.95}, 1)
+
+
+def test_estimator_traces_4_bytes_a_matrix_parameter(weighty):
+    adamw, muon = (em.trace({**weighty, 'optim': name}, evaluate=False)['train'] for name in ('adamw', 'muon'))
+    model = em.build({**weighty, 'optim': 'muon'}, False)[0]
+    matrices = sum(p.numel() for p in model.transformer.h.parameters() if p.dim() == 2)
+    rest = sum(p.numel() for p in model.parameters()) - matrices
+    assert adamw['breakdown']['optimizer_state'] == pytest.approx(8 * (matrices + rest), rel=0.01)
+    assert muon['breakdown']['optimizer_state'] == pytest.approx(4 * matrices + 8 * rest, rel=0.01)
+    assert muon['peak_bytes'] < adamw['peak_bytes']
+    zero1 = em.trace({**weighty, 'optim': 'muon', 'world_size': 2, 'parallelism': 'zero1'}, evaluate=False)['train']
+    assert zero1['breakdown']['optimizer_state'] < 0.75 * muon['breakdown']['optimizer_state']
+
+
+def test_estimate_memory_reports_muon(weighty):
+    config = {**weighty, 'optim': 'muon'}
+    text = estimate_memory.report(config, em.estimate(config))
+    assert "Muon for the blocks' matrices, fused AdamW for the rest" in text
+
+
+def train(data_dir, out_dir, *args):
+    return run_script('train.py', *TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--optim=muon', *args)
+
+
+@pytest.mark.slow
+def test_train_resumes_exactly_and_refuses_another_optim(data_dir, tmp_path):
+    """With accumulation and clipping; the checkpoint at iter 6 is written before iter 6's step."""
+    out, args = tmp_path / 'out', ['--max_iters=6', '--eval_interval=3', '--gradient_accumulation_steps=2']
+    first = train(data_dir, out, *args)
+    assert first.returncode == 0, first.stderr
+    losses = logged_losses(first.stdout)
+    assert losses[6] < losses[0]
+    resumed = train(data_dir, out, *args, '--init_from=resume')
+    assert resumed.returncode == 0, resumed.stderr
+    assert logged_losses(resumed.stdout) == {6: losses[6]}
+    other = train(data_dir, out, *args, '--init_from=resume', '--optim=adamw')
+    assert other.returncode == 2
+    assert other.stderr.strip().splitlines() == [f"error: {out / 'ckpt.pt'} holds the state of optim='muon', not "
+                                                 f"optim='adamw': resume with --optim=muon"]
+
+
+@pytest.mark.slow
+def test_train_under_compile_as_eager(data_dir, tmp_path):
+    args = ['--max_iters=4', '--eval_interval=4']
+    eager = train(data_dir, tmp_path / 'eager', *args)
+    compiled = train(data_dir, tmp_path / 'compiled', *args, '--compile=True')
+    assert eager.returncode == 0 and compiled.returncode == 0, compiled.stderr
+    assert logged_losses(compiled.stdout) == pytest.approx(logged_losses(eager.stdout), rel=1e-4)
+
+
+@pytest.mark.slow
+def test_fsdp_is_refused_with_one_line(data_dir, tmp_path):
+    result = torchrun(*TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}', '--optim=muon',
+                      '--gradient_accumulation_steps=2', '--parallelism=fsdp')
+    assert result.returncode != 0 and not (tmp_path / 'out').exists()
+    errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
+    assert errors == ["error: optim='muon' orthogonalizes each whole weight matrix, which parallelism='fsdp' splits "
+                      "over the processes: use --parallelism=zero1 (Muon's state is sharded there too) or ddp, or "
+                      "another --optim with fsdp"]
+
+
+@pytest.mark.slow
+def test_two_processes_under_ddp_and_zero1_match_one(data_dir, tmp_path):
+    """The same global batch (2 micro-batches) on one process and on two; zero1's checkpoint, gathered from both
+    ranks' shares, resumes in one process with the uninterrupted run's losses."""
+    args = [*PARALLEL_ARGS, f'--data_dir={data_dir}', '--optim=muon']
+    single = run_script('train.py', *args, f'--out_dir={tmp_path / "single"}', '--max_iters=6')
+    assert single.returncode == 0, single.stderr
+    for mode in ('ddp', 'zero1'):
+        result = torchrun(*args, f'--out_dir={tmp_path / mode}', '--max_iters=4', f'--parallelism={mode}')
+        assert result.returncode == 0, f'{mode}: {result.stderr[-3000:]}'
+        assert_same_losses(result.stdout, single.stdout, 'iter', range(5))
+        assert_same_losses(result.stdout, single.stdout, 'step', (0, 2, 4))
+    resumed = run_script('train.py', *args, f'--out_dir={tmp_path / "zero1"}', '--max_iters=6', '--init_from=resume')
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_losses(resumed.stdout, single.stdout, 'iter', range(4, 7))
+
+
+@pytest.mark.slow
+def test_bench_optim_prints_both_curves_and_the_state_bytes(data_dir):
+    """bench_optim.py on the tiny character set, a few steps: both curves from the same initial loss, and Muon's
+    state for the blocks' matrices half of AdamW's (the step counters aside)."""
+    result = run_script('bench_optim.py', f'--data_dir={data_dir}', '--dataset=tiny_char', '--n_layer=1',
+                        '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4', '--max_iters=4',
+                        '--eval_interval=2', '--eval_iters=2', '--lr_decay_iters=4', '--warmup_iters=1')
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = lines.index('step         adamw        muon')
+    rows = [line.split() for line in lines[header + 1:header + 4]]
+    assert [row[0] for row in rows] == ['0', '2', '4'] and rows[0][1] == rows[0][2]
+    state = {line.split(':')[0]: line for line in lines[header + 4:]}
+    matrix_bytes = {name: int(text.split("blocks' matrices ")[1].split(' ')[0].replace(',', ''))
+                    for name, text in state.items()}
+    assert matrix_bytes['adamw'] == 2 * matrix_bytes['muon'] + 4 * 4  # AdamW's 4 scalar step counters
