@@ -49,7 +49,7 @@ def report(config, result):
              f"n_embd={m['n_embd']}, block_size={m['block_size']}, vocab_size={m['vocab_size']}, bias={m['bias']})",
              f"step: micro-batch {result['batch_size']} x {m['block_size']}, gradient_accumulation_steps="
              f"{result['gradient_accumulation_steps']}, world_size={result['world_size']}, {result['dtype']} autocast "
-             f"(cache {'on' if config['autocast_cache'] else 'off'}), "
+             f"(cache {'on' if config['autocast_cache'] else 'off'}), {config['weight_dtype']} weights, "
              f"{optim.describe(config['optim'], config['optimizer_in_backward'])}, {result['loss']} loss, "
              f"activation checkpointing {checkpointing}",
              f"training peak of tensors: {gib(train['peak_bytes'])} ({TRACED_ITERATIONS} iterations traced, "

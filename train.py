@@ -105,6 +105,7 @@ optim = 'adamw' # 'adamw' (fp32 moments), 'adamw_bf16', 'adamw_8bit' (torchao's 
 muon_learning_rate = 0.02 # optim='muon': max lr of the blocks' matrices (Keller Jordan's Muon; nanochat's matrix_lr)
 muon_momentum = 0.95 # optim='muon': Muon's Nesterov momentum (Keller Jordan's, and torch.optim.Muon's default)
 optimizer_in_backward = False # update each parameter in backward and free its gradient: needs accumulation 1, no clip
+weight_dtype = 'float32' # 'bfloat16': weights and gradients in bf16, no fp32 copy, updates rounded stochastically
 # learning rate decay settings
 decay_lr = True # whether to decay the learning rate
 warmup_iters = 2000 # how many steps to warm up for
@@ -235,7 +236,8 @@ if init_from == 'scratch':
 elif init_from == 'resume':
     print(f"Resuming training from {out_dir}")
     try:
-        checkpoint = load_checkpoint(out_dir, device, required=('optimizer', 'iter_num', 'best_val_loss'))
+        # on the CPU: the GPU never holds the checkpoint beside the model and optimizer state it is loaded into
+        checkpoint = load_checkpoint(out_dir, 'cpu', required=('optimizer', 'iter_num', 'best_val_loss'))
     except ConfigError as e:
         fail(e)
 else:
@@ -261,6 +263,7 @@ else:
         iter_num = checkpoint['iter_num']
         best_val_loss = float(checkpoint['best_val_loss'])
 model.activation_checkpointing = activation_checkpointing
+model.to(TORCH_DTYPES[weight_dtype]) # on the CPU, before the GPU holds it: bf16 weights never exist there in fp32
 model.to(device)
 if ddp and parallelism == 'fsdp':
     shard_model(model, param_dtype=fsdp_param_dtype(config)) # in place: the loaded weights are split over the ranks

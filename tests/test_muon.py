@@ -152,7 +152,7 @@ def test_in_backward_gives_the_standard_loops_parameters():
 ])
 def test_check_config_refuses_with_one_line(overrides, world_size, message):
     config = {**CONFIG, 'parallelism': 'ddp', 'gradient_accumulation_steps': 1, 'grad_clip': 1.0,
-              'dtype': 'float32', **overrides}
+              'dtype': 'float32', 'weight_dtype': 'float32', **overrides}
     with pytest.raises(ConfigError) as error:
         optim.check_config(config, world_size)
     assert message in str(error.value) and '\n' not in str(error.value)

@@ -136,7 +136,8 @@ def test_estimator_reflects_each_lever(weighty, monkeypatch):
 ])
 def test_check_config_names_the_conflict(overrides, message):
     config = {'optim': 'adamw', 'optimizer_in_backward': True, 'gradient_accumulation_steps': 1, 'grad_clip': 0.0,
-              'dtype': 'float32', 'auto_batch_size': False, **overrides}
+              'dtype': 'float32', 'auto_batch_size': False, 'weight_dtype': 'float32', 'parallelism': 'ddp',
+              **overrides}
     with pytest.raises(ConfigError, match=message):
         optim.check_config(config, config.pop('world_size', 1))
 
@@ -193,3 +194,82 @@ def test_train_and_resume_with_each_lever(data_dir, tmp_path, levers):
     if '--optimizer_in_backward=True' in levers:  # resuming with the other optimizer is refused by name
         other = train(data_dir, out, '--max_iters=6', '--init_from=resume', '--optim=adamw', *levers[1:])
         assert other.returncode == 2 and "--optim=adamw_bf16" in other.stderr.strip().splitlines()[-1]
+
+
+# -----------------------------------------------------------------------------
+# bf16 weights (weight_dtype='bfloat16'): no fp32 copy, every update rounded stochastically
+
+def test_stochastic_rounding_is_unbiased_and_lands_on_a_neighbour():
+    torch.manual_seed(0)
+    x = torch.tensor([1.0 + 2 ** -10, -3.0 - 2 ** -9 - 2 ** -11, 1e-3 * (1 + 2 ** -12)])  # between bf16 values
+    below = x.to(torch.bfloat16).float()  # a neighbour; the other is one bf16 step further from zero
+    draws = torch.stack([_rounded(x) for _ in range(4000)])
+    steps = draws - below
+    assert set(draws.view(-1).tolist()) <= set(below.tolist()) | set((below + steps.abs().amax(0) * x.sign()).tolist())
+    assert draws.mean(0) == pytest.approx(x.tolist(), rel=2e-4)  # a draw's error is up to 2**-8: 4000 average it out
+    exact = torch.tensor([1.5, -2.0])  # representable: never moves
+    assert all(torch.equal(_rounded(exact), exact) for _ in range(10))
+
+
+def _rounded(x):
+    stored = torch.empty_like(x, dtype=torch.bfloat16)
+    optim._store_bf16_stochastic(stored, x.clone())
+    return stored.float()
+
+
+def test_sliced_adamw_on_fp32_weights_is_torchs_adamw():
+    reference_model, reference = tiny_gpt()
+    model, _ = tiny_gpt()
+    sliced = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu', optim.SlicedAdamW)
+    assert train_steps(model, sliced, 5) == pytest.approx(train_steps(reference_model, reference, 5), abs=1e-6)
+    for a, b in zip(model.parameters(), reference_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_a_bf16_weight_update_lands_on_a_neighbour_of_the_fp32_update():
+    """One step from the same weights and gradients: each bf16 weight is torch's fp32 update rounded down or up."""
+    torch.manual_seed(0)
+    weights = torch.randn(3000, dtype=torch.bfloat16) * 0.02
+    grads = torch.randn(3000, dtype=torch.bfloat16) * 1e-3
+    fp32 = torch.nn.Parameter(weights.float())
+    bf16 = torch.nn.Parameter(weights.clone())
+    reference = torch.optim.AdamW([fp32], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, foreach=False)
+    ours = optim.optimizer_class('adamw', 'bfloat16')([bf16], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    fp32.grad, bf16.grad = grads.float(), grads.clone()
+    reference.step()
+    ours.step()
+    nearest = fp32.detach().to(torch.bfloat16).float()
+    ulp = nearest.abs().mul(2 ** -7).clamp(min=2 ** -133)  # a bf16 step near the value (8 significant bits)
+    assert bf16.dtype == torch.bfloat16 and ((bf16.float() - fp32).abs() <= ulp * 1.001).all()
+    assert (bf16.float() != nearest).any() and (bf16.float() == nearest).any()  # rounded both ways, not to nearest
+
+
+def test_bf16_weights_halve_weights_and_gradients_in_the_estimate(weighty):
+    def traced(**overrides):
+        return em.trace({**weighty, 'dtype': 'bfloat16', **overrides}, evaluate=False)['train']['breakdown']
+    fp32, bf16 = traced(), traced(weight_dtype='bfloat16')
+    assert bf16['parameters'] == pytest.approx(fp32['parameters'] / 2, rel=0.01)
+    # half, where the peak may catch the tied embedding's two gradient contributions (embedding and loss) together
+    embedding = 256 * 256 * 2
+    assert fp32['gradients'] / 2 * 0.99 <= bf16['gradients'] <= fp32['gradients'] / 2 + embedding
+    assert bf16['optimizer_state'] == fp32['optimizer_state']  # fp32 moments still
+    assert bf16['weight_copies'] == 0  # no cast needed: the weights are bf16 already
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'dtype': 'float32'}, "weight_dtype='bfloat16' trains in bf16, not dtype='float32'"),
+    ({'optim': 'muon'}, "torch's Muon does not do"),
+    ({'weight_dtype': 'float16'}, "unknown weight_dtype 'float16'"),
+])
+def test_weight_dtype_refusals(weighty, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        em.check_config({**weighty, 'dtype': 'bfloat16', 'weight_dtype': 'bfloat16', **overrides})
+
+
+def test_loaded_moments_keep_their_dtype():
+    """torch's load_state_dict casts moments to the parameters' dtype: bf16 moments would double after a resume."""
+    model, optimizer = tiny_gpt('adamw_bf16')
+    train_steps(model, optimizer, 1)
+    fresh_model, fresh = tiny_gpt('adamw_bf16')
+    fresh.load_state_dict(optimizer.state_dict())
+    assert {t.dtype for state in fresh.state.values() for t in state.values() if t.dim()} == {torch.bfloat16}

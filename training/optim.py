@@ -59,6 +59,7 @@ def check_config(config, world_size):
     require(config['optim'])
     if config['optim'] == 'muon':
         check_muon(config, world_size)
+    check_weight_dtype(config, world_size)
     if not config['optimizer_in_backward']:
         return
     accumulation = config['gradient_accumulation_steps']
@@ -98,6 +99,27 @@ def check_muon(config, world_size):
         raise ConfigError(f"muon_momentum must be in [0, 1), got {config['muon_momentum']}: e.g. --muon_momentum=0.95")
 
 
+WEIGHT_DTYPES = ('float32', 'bfloat16')
+
+
+def check_weight_dtype(config, world_size):
+    """ConfigError for a weight_dtype this project cannot train with the rest of config."""
+    weight_dtype = config['weight_dtype']
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ConfigError(f"unknown weight_dtype {weight_dtype!r}: use one of {', '.join(WEIGHT_DTYPES)}")
+    if weight_dtype == 'float32':
+        return
+    if config['dtype'] != 'bfloat16':
+        raise ConfigError(f"weight_dtype='bfloat16' trains in bf16, not dtype={config['dtype']!r}: use "
+                          f"--dtype=bfloat16 (Ampere or later), or --weight_dtype=float32")
+    if config['optim'] == 'muon':
+        raise ConfigError("weight_dtype='bfloat16' needs an update rounded stochastically, which torch's Muon does "
+                          "not do: use --optim=adamw, adamw_bf16 or adamw_8bit, or --weight_dtype=float32")
+    if config['parallelism'] == 'fsdp' and world_size > 1:
+        raise ConfigError("weight_dtype='bfloat16' is not supported with parallelism='fsdp': use zero1 or ddp, or "
+                          "--weight_dtype=float32 (fsdp's own --fsdp_mixed_precision=True gathers in bf16)")
+
+
 def describe(optim, optimizer_in_backward=False):
     """A few words for estimate_memory.py's report."""
     text = {'adamw': 'fused AdamW', 'adamw_bf16': 'AdamW with bf16 moments', 'adamw_8bit': "torchao's 8-bit AdamW",
@@ -105,15 +127,18 @@ def describe(optim, optimizer_in_backward=False):
     return text[optim] + (' stepped in backward' if optimizer_in_backward else '')
 
 
-def optimizer_class(optim):
-    """The class of the optimizer `optim`, built by model.configure_optimizers as class(groups, lr=, betas=); None
-    for 'adamw', which configure_optimizers builds itself (torch's, fused on CUDA, as nanoGPT)."""
+def optimizer_class(optim, weight_dtype='float32'):
+    """The class of the optimizer `optim` for weights of `weight_dtype`, built by model.configure_optimizers as
+    class(groups, lr=, betas=); None for 'adamw' on fp32 weights, which configure_optimizers builds itself (torch's,
+    fused on CUDA, as nanoGPT). On bf16 weights every update is rounded stochastically (torch's AdamW would round to
+    nearest, and keep its moments in bf16)."""
     require(optim)
+    bf16_weights = weight_dtype == 'bfloat16'
     if optim == 'adamw_bf16':
         return AdamWBF16
     if optim == 'adamw_8bit':
-        return _torchao_adamw8bit()
-    return None
+        return _torchao_adamw8bit(bf16_weights)
+    return SlicedAdamW if bf16_weights else None
 
 
 def build_optimizer(model, config, device_type):
@@ -126,7 +151,7 @@ def build_optimizer(model, config, device_type):
                               fused=True if device_type == 'cuda' else None)  # as configure_optimizers' AdamW
     else:
         optimizer = model.configure_optimizers(config['weight_decay'], config['learning_rate'], betas, device_type,
-                                               optimizer_class(config['optim']))
+                                               optimizer_class(config['optim'], config['weight_dtype']))
     if config['optim'] != 'adamw':
         print(f"using {config['optim']}")
     return OptimizerInBackward(optimizer) if config['optimizer_in_backward'] else optimizer
@@ -178,19 +203,29 @@ def _params_to_step(optimizer, new_moments):
             yield group, p, state
 
 
-class AdamWBF16(torch.optim.Optimizer):
-    """AdamW whose two moments are stored in bf16 (4 bytes a parameter instead of 8), with fp32 arithmetic: each
-    step reads a slice of a parameter's moments as fp32, updates them and the parameter in fp32 (as torch's AdamW),
-    and stores the moments back with stochastic rounding. Slice by slice, so the fp32 temporaries stay small (a
-    foreach version would hold fp32 copies of all the moments at once, the memory this optimizer exists to save)."""
+class SlicedAdamW(torch.optim.Optimizer):
+    """torch's AdamW update (decoupled weight decay, bias correction) in fp32, a slice of a parameter at a time, with
+    the moments stored in `moment_dtype` and the parameter in its own dtype: bf16 values (bf16 moments, bf16 weights)
+    are written back with stochastic rounding, so that updates smaller than half a bf16 step are not lost (the
+    weights keep no fp32 copy). Slice by slice, the fp32 temporaries stay small: a foreach version would hold fp32
+    copies of all the moments at once, the memory this optimizer exists to save."""
+    moment_dtype = torch.float32
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
+    def load_state_dict(self, state_dict):
+        """torch's load_state_dict casts the moments to their parameter's dtype: cast back to the one kept here."""
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            for key in ('exp_avg', 'exp_avg_sq'):
+                if key in state:
+                    state[key] = state[key].to(self.moment_dtype)
+
     @torch.no_grad()
     def step(self, closure=None):
         def new_moments(p):
-            exp_avg = torch.zeros_like(p, dtype=torch.bfloat16, memory_format=torch.preserve_format)
+            exp_avg = torch.zeros_like(p, dtype=self.moment_dtype, memory_format=torch.preserve_format)
             return exp_avg, torch.zeros_like(exp_avg)
 
         loss = _closure_loss(closure)
@@ -199,16 +234,22 @@ class AdamWBF16(torch.optim.Optimizer):
             step = state['step'].item()
             bias_correction1, bias_correction2 = 1 - beta1 ** step, 1 - beta2 ** step
             for param, grad, m, v in _chunks(p, p.grad, state['exp_avg'], state['exp_avg_sq']):
-                grad = grad.float()
-                exp_avg = m.float().lerp_(grad, 1 - beta1)
-                exp_avg_sq = v.float().mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                param.mul_(1 - lr * weight_decay)
+                grad = grad.float()  # fp32 tensors are updated in place, the others through an fp32 copy
+                exp_avg, exp_avg_sq, weights = m.float().lerp_(grad, 1 - beta1), v.float(), param.float()
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                weights.mul_(1 - lr * weight_decay)
                 denom = exp_avg_sq.sqrt().div_(math.sqrt(bias_correction2)).add_(eps)
-                param.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
+                weights.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
                 del denom
-                _store_bf16_stochastic(m, exp_avg)
-                _store_bf16_stochastic(v, exp_avg_sq)
+                for stored, value in ((m, exp_avg), (v, exp_avg_sq), (param, weights)):
+                    if stored.dtype == torch.bfloat16:
+                        _store_bf16_stochastic(stored, value)
         return loss
+
+
+class AdamWBF16(SlicedAdamW):
+    """SlicedAdamW with both moments in bf16: 4 bytes a parameter instead of 8."""
+    moment_dtype = torch.bfloat16
 
 
 def warm_up(optim):
@@ -219,7 +260,7 @@ def warm_up(optim):
         get_qmap_signed(), get_qmap_unsigned()
 
 
-def _torchao_adamw8bit():
+def _torchao_adamw8bit(bf16_weights):
     """torchao.optim.AdamW8bit (moments in 8 bits with one fp32 scale per block of 256; tensors under 4096 elements
     stay fp32), with two adaptations to train.py: the learning rate may be set as a float (torchao wants a tensor),
     and off CUDA the update runs eagerly, slice by slice: torchao compiles it for each parameter shape, minutes on a
@@ -243,9 +284,16 @@ def _torchao_adamw8bit():
             for group, p, state in _params_to_step(self, new_moments):  # torchao's step, eager
                 for param, grad, m, v in _chunks(p.detach(), p.grad, state['exp_avg'], state['exp_avg_sq']):
                     single_param_adam(param, grad, state['step'], m, v, None, group['lr'], group['betas'][0],
-                                      group['betas'][1], group['weight_decay'], group['eps'], True, False)
+                                      group['betas'][1], group['weight_decay'], group['eps'], True,
+                                      self.bf16_stochastic_round)
             return loss
 
+    if bf16_weights:
+        class TorchaoAdamW8bitSR(TorchaoAdamW8bit):
+            """bf16 weights: torchao writes each update back with stochastic rounding."""
+            def __init__(self, params, **options):
+                super().__init__(params, **{'bf16_stochastic_round': True, **options})
+        return TorchaoAdamW8bitSR
     return TorchaoAdamW8bit
 
 

@@ -23,7 +23,7 @@ from training.checkpoint import load_checkpoint
 from training.errors import ConfigError
 from training.memory.advice import resplit
 from training.memory.tracer import CUDA_ALIGNMENT, MemoryTracer
-from training.device import DTYPES
+from training.device import DTYPES, TORCH_DTYPES
 from training.parallel import (fsdp_param_dtype, local_optimizer, set_gradient_sync, shard_model,
                                shard_optimizer_state)
 
@@ -76,7 +76,12 @@ def build(config, activation_checkpointing, mesh=None, device_type='cuda'):
         with unset_fake_temporarily():  # a library's one-off setup on real tensors (torchao's 8-bit code maps)
             optim.warm_up(config['optim'])
         args, _ = model_args(config)
-        model = GPT(GPTConfig(**args))
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(TORCH_DTYPES[config['weight_dtype']])  # train.py casts it: the same dtypes
+        try:
+            model = GPT(GPTConfig(**args))
+        finally:
+            torch.set_default_dtype(default_dtype)
         model.activation_checkpointing = activation_checkpointing
         if mesh is not None and config['parallelism'] == 'fsdp':
             shard_model(model, mesh, param_dtype=fsdp_param_dtype(config))

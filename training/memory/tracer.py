@@ -95,8 +95,8 @@ class MemoryTracer(TorchDispatchMode):
         return loss
 
     def _is_weight_cast(self, func, args):
-        """A copy of a parameter (autocast's low-precision cast, which its cache keeps through the forward, or the
-        loss's own)."""
+        """A copy of a parameter (in the forward: autocast's low-precision cast, which its cache keeps through the
+        forward, or the loss's own)."""
         if func is not torch.ops.aten._to_copy.default or not isinstance(args[0], torch.Tensor):
             return False
         entry = self.live.get(id(local_storage(args[0])))
@@ -187,7 +187,9 @@ class MemoryTracer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        category = 'weight_copies' if self._is_weight_cast(func, args) else self._category()
+        category = self._category()
+        if category in ('activations', 'loss_path') and self._is_weight_cast(func, args):
+            category = 'weight_copies'  # a forward's cast of a weight; the optimizer's own copies are temporaries
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self._track(t, category)
