@@ -1,16 +1,20 @@
 """
-optim='adamw' against optim='muon': the same small GPT trained on the CPU from the same initial weights, on the same
+Training recipes side by side: the same small GPT trained on the CPU from the same initial weights, on the same
 batches, for the same steps, with train.py's optimizer (training.optim.build_optimizer), schedule and step; prints
-each one's validation-loss curve, time per step and optimizer-state bytes. A benchmark, not a test:
+each one's validation-loss curve, time per step and optimizer-state bytes. A benchmark, not a test. The runs (RUNS):
+adamw and muon (optim='muon'); and, under bf16 autocast, fp32 weights (adamw), bf16 weights with stochastic rounding
+(bf16_weights: weight_dtype='bfloat16') and, for comparison, bf16 weights rounded to nearest (torch's AdamW on them).
 
-$ python prepare/shakespeare.py && python bench_optim.py    # Tiny Shakespeare in GPT-2 BPE (README: optim='muon')
+$ python prepare/shakespeare.py && python bench_optim.py    # adamw against muon, Tiny Shakespeare in GPT-2 BPE
 $ python bench_optim.py --dataset=shakespeare_char          # without tiktoken: the character-level set
+$ python bench_optim.py --runs=adamw,bf16_weights,bf16_nearest --dtype=bfloat16 --dataset=shakespeare_char
 
 Keys are overridden as in train.py: config files, then --key=value (python bench_optim.py --help lists them).
 """
 import os
 import sys
 import time
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -18,12 +22,13 @@ import torch
 import configurator
 from model import GPT, GPTConfig
 from training import rules
+from training.device import TORCH_DTYPES
 from training.errors import ConfigError, fail
 from training.optim import build_optimizer, check_config, group_lr
 from training.schedule import cosine_lr
 
 # -----------------------------------------------------------------------------
-optims = 'adamw,muon' # comma-separated `optim` values to compare
+runs = 'adamw,muon' # comma-separated names of RUNS to compare
 data_dir = 'data'
 dataset = 'shakespeare' # data_dir/dataset/train.bin and val.bin, as train.py reads them
 seed = 1337 # the initial weights, the batches and the validation windows: the same for every optimizer
@@ -47,14 +52,21 @@ grad_clip = 1.0
 warmup_iters = 10
 lr_decay_iters = 200
 min_lr = 1e-4
+dtype = 'float32' # 'bfloat16': every run under bf16 autocast, as train.py's dtype (the bf16-weight runs need it)
 # -----------------------------------------------------------------------------
+# name: train.py keys of the run ('nearest': torch's AdamW on bf16 weights, which rounds each update to nearest)
+RUNS = {'adamw': {'optim': 'adamw'}, 'muon': {'optim': 'muon'},
+        'bf16_weights': {'optim': 'adamw', 'weight_dtype': 'bfloat16'},
+        'bf16_nearest': {'optim': 'adamw', 'weight_dtype': 'bfloat16', 'nearest': True}}
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 try:
     config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
-    names = config['optims'].split(',')
-    config.update(optimizer_in_backward=False, parallelism='ddp') # one process, the standard step
+    names = config['runs'].split(',')
+    config.update(optimizer_in_backward=False, parallelism='ddp', weight_dtype='float32') # one process, standard step
     for name in names:
-        check_config({**config, 'optim': name}, 1)
+        if name not in RUNS:
+            raise ConfigError(f"unknown run {name!r}: use some of {', '.join(RUNS)}")
+        check_config({**config, **RUNS[name]}, 1)
     rules.check_dataset(config)
     vocab_size = rules.meta_vocab_size(config) or rules.DEFAULT_VOCAB_SIZE
 except ConfigError as e:
@@ -74,7 +86,8 @@ def windows(split, generator, rows):
 @torch.no_grad()
 def val_loss(model, batches):
     model.eval()
-    losses = [model(x, y)[1].item() for x, y in batches]
+    with ctx:
+        losses = [model(x, y)[1].item() for x, y in batches]
     model.train()
     return sum(losses) / len(losses)
 
@@ -84,17 +97,25 @@ def state_bytes(optimizer, params):
     return sum(t.nbytes for p in params for t in optimizer.state[p].values() if isinstance(t, torch.Tensor))
 
 
-def train(optim, val_batches):
-    """({step: val loss}, seconds per step, optimizer-state bytes) of a run with `optim`."""
+def build(run):
+    """The model and optimizer of `run`, from the seed's initial weights (cast as train.py casts them)."""
+    keys = {**config, **RUNS[run]}
     torch.manual_seed(seed)
     model = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
-                          vocab_size=vocab_size, bias=False, dropout=0.0))
-    optimizer = build_optimizer(model, {**config, 'optim': optim}, 'cpu')
+                          vocab_size=vocab_size, bias=False, dropout=0.0)).to(TORCH_DTYPES[keys['weight_dtype']])
+    if keys.get('nearest'):
+        return model, model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), 'cpu')
+    return model, build_optimizer(model, keys, 'cpu')
+
+
+def train(run, val_batches):
+    """({step: val loss}, seconds per step, optimizer-state bytes) of `run`."""
+    model, optimizer = build(run)
     curve, seconds = {}, 0.0
     for it in range(max_iters + 1):
         if it % eval_interval == 0 or it == max_iters:
             curve[it] = val_loss(model, val_batches)
-            print(f'{optim} step {it}: val loss {curve[it]:.4f}', flush=True)
+            print(f'{run} step {it}: val loss {curve[it]:.4f}', flush=True)
         if it == max_iters:
             break
         t0 = time.perf_counter()
@@ -102,7 +123,8 @@ def train(optim, val_batches):
         for group in optimizer.param_groups:
             group['lr'] = group_lr(group, lr, config)
         x, y = windows('train', np.random.default_rng((seed, 0, it)), batch_size)
-        _, loss = model(x, y)
+        with ctx:
+            _, loss = model(x, y)
         loss.backward()
         if grad_clip != 0.0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -114,18 +136,20 @@ def train(optim, val_batches):
     return curve, seconds / max_iters, (state_bytes(optimizer, matrices), state_bytes(optimizer, rest))
 
 
+ctx = nullcontext() if dtype == 'float32' else torch.autocast('cpu', dtype=TORCH_DTYPES[dtype], cache_enabled=False)
 generator = np.random.default_rng((seed, 1))
 val_batches = [windows('val', generator, batch_size) for _ in range(eval_iters)]
 results = {name: train(name, val_batches) for name in names}
 print(f'\n{dataset}, {n_layer} layers, d={n_embd}, vocab {vocab_size}, batch {batch_size} x {block_size}, '
-      f'{max_iters} steps, lr {learning_rate:g} (muon_learning_rate {muon_learning_rate:g}), seed {seed}, '
+      f'{max_iters} steps, lr {learning_rate:g} (muon_learning_rate {muon_learning_rate:g}), {dtype}, seed {seed}, '
       f'{torch.get_num_threads()} threads')
 print('step  ' + ''.join(f'{name:>12}' for name in names))
 for it in results[names[0]][0]:
     print(f'{it:>4}  ' + ''.join(f'{results[name][0][it]:>12.4f}' for name in names))
 for name, (curve, step_seconds, (matrix_bytes, rest_bytes)) in results.items():
-    target = min(results[names[0]][0].values()) # the first optimizer's best val loss: when does each reach it?
+    target = min(results[names[0]][0].values()) # the first run's best val loss: when does each reach it?
     reached = next((it for it, loss in curve.items() if loss <= target), None)
+    final = curve[max_iters] / results[names[0]][0][max_iters] - 1
     print(f"{name}: optimizer state {matrix_bytes + rest_bytes:,} bytes, of which the blocks' matrices "
           f"{matrix_bytes:,} and the rest {rest_bytes:,}; {step_seconds * 1000:.0f} ms a step; val loss "
-          f"{target:.4f} first reached at step {reached}")
+          f"{target:.4f} first reached at step {reached}; final val loss {final:+.2%} against {names[0]}'s")

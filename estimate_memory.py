@@ -5,9 +5,10 @@ $ python estimate_memory.py config/train_openwebtext_12gb.py --batch_size=32 --f
 $ python estimate_memory.py config/train_openwebtext_12gb.py --json
 Same config files and --key=value overrides as train.py, plus: gpu_memory_gb (the card's memory; a "12 GB" card has
 12 GiB), json (print one JSON object), find_batch_size (the largest micro-batch that fits, with activation
-checkpointing off and on), measure (two real steps on the GPU here: the ground truth), world_size (processes under
-torchrun), loss (chunked: model.py's; naive: nanoGPT's full logits, to compare). dtype defaults to bfloat16, as on
-a GPU. How it traces: training/memory/estimate.py.
+checkpointing off and on), ladder (climb the memory levers, micro-batch, checkpointing, optimizer state, weight
+precision, until the config fits, and print the first that does with what each costs), measure (two real steps on
+the GPU here: the ground truth), world_size (processes under torchrun), loss (chunked: model.py's; naive: nanoGPT's
+full logits, to compare). dtype defaults to bfloat16, as on a GPU. How it traces: training/memory/estimate.py.
 """
 import contextlib
 import io
@@ -86,6 +87,21 @@ def report(config, result):
                  f"micro-batch that fits is {choice['largest_batch_size']}: {gib(choice['largest_total_bytes'])})")
         checkpointing = 'on' if choice['activation_checkpointing'] else 'off'
         lines.append(f'find_batch_size, activation checkpointing {checkpointing}: {found}')
+    for step in result.get('ladder', []):
+        if not step['fits']:
+            lines.append(f"ladder, + {step['rung']}: even micro-batch 1 needs {gib(step['batch_1_total_bytes'])}")
+            continue
+        keys = {**step['levers'], 'batch_size': step['batch_size'],
+                'gradient_accumulation_steps': step['gradient_accumulation_steps']}
+        evaluation = ('' if step['eval_total_bytes'] <= result['gpu_memory_bytes'] else
+                      ' does NOT fit: lower --eval_batch_size')
+        lines += [f"ladder, + {step['rung']}: fits, {gib(step['total_bytes'])} with micro-batch {step['batch_size']} "
+                  f"({step['tokens_per_step']:,} tokens per step; evaluation {gib(step['eval_total_bytes'])}"
+                  f"{evaluation})",
+                  '  add to your command: ' + ' '.join(f'--{key}={value}' for key, value in keys.items())]
+        lines += [f'  cost of {s["rung"]}: {s["cost"]}' for s in result['ladder'] if s['cost']]
+    if result.get('ladder') and not result['ladder'][-1]['fits']:
+        lines.append('ladder: no rung fits this card: a smaller model or block_size, or several GPUs (fsdp)')
     for phase in ('train', 'eval') if 'measured' in result else ():
         measured = result['measured']
         lines.append(f"measured on {measured['device']}, {phase}: max_memory_allocated "

@@ -322,3 +322,24 @@ def test_autocast_cache_changes_no_loss_or_gradient():
         loss.backward()
         results.append([loss.detach()] + [p.grad.clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_ladder_climbs_to_the_first_rung_that_fits(tiny):
+    """A budget between micro-batch 1's total without activation checkpointing and with it: the ladder stops at
+    checkpointing, with the largest micro-batch that fits there and at least the config's samples per step."""
+    tiny = {**tiny, 'n_layer': 4, 'block_size': 256, 'batch_size': 4, 'gradient_accumulation_steps': 2}
+
+    def total(config):
+        return em.total_bytes(em.trace(config, evaluate=False, warm_start=True)['train']['peak_bytes'])
+
+    plain, checkpointed = (total({**tiny, 'batch_size': 1, 'activation_checkpointing': on}) for on in (False, True))
+    budget = (plain + checkpointed) // 2
+    steps = em.ladder(tiny, budget)
+    assert [(step['rung'], step['fits']) for step in steps] == [('as configured', False),
+                                                                 ('activation checkpointing', True)]
+    last = steps[-1]
+    assert last['batch_1_total_bytes'] == checkpointed and last['total_bytes'] <= budget
+    assert last['batch_size'] * last['gradient_accumulation_steps'] >= 8
+    assert last['batch_size'] <= last['largest_batch_size']
+    largest = em.rebatched({**tiny, 'activation_checkpointing': True}, last['largest_batch_size'])
+    assert total(largest) <= budget < total(em.rebatched(largest, last['largest_batch_size'] + 1))

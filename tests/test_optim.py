@@ -177,9 +177,15 @@ def test_train_refuses_what_in_backward_cannot_honour(data_dir, tmp_path, args, 
     assert error.startswith('error: optimizer_in_backward=True') and key in error
 
 
+BF16_WEIGHTS = ['--dtype=bfloat16', '--weight_dtype=bfloat16']
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('levers', [['--optim=adamw_bf16', '--optimizer_in_backward=True', '--grad_clip=0'],
-                                    pytest.param(['--optim=adamw_8bit'], marks=needs_torchao)])
+                                    pytest.param(['--optim=adamw_8bit'], marks=needs_torchao),
+                                    BF16_WEIGHTS,
+                                    pytest.param([*BF16_WEIGHTS, '--optim=adamw_8bit', '--optimizer_in_backward=True',
+                                                  '--grad_clip=0'], marks=needs_torchao)])
 def test_train_and_resume_with_each_lever(data_dir, tmp_path, levers):
     """The checkpoint at iter 6 is written before iter 6's step: the resumed run's iter 6 repeats it exactly."""
     out = tmp_path / 'out'
@@ -191,7 +197,11 @@ def test_train_and_resume_with_each_lever(data_dir, tmp_path, levers):
     resumed = train(data_dir, out, '--max_iters=6', '--eval_interval=3', '--init_from=resume', *levers)
     assert resumed.returncode == 0, resumed.stderr
     assert logged_losses(resumed.stdout) == {6: losses[6]}
-    if '--optimizer_in_backward=True' in levers:  # resuming with the other optimizer is refused by name
+    weights = torch.load(out / 'ckpt.pt', weights_only=True)['model']
+    assert {v.dtype for v in weights.values()} == {torch.bfloat16 if BF16_WEIGHTS[1] in levers else torch.float32}
+    nanogpt_model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=34, bias=False))
+    nanogpt_model.load_state_dict(weights)  # as nanoGPT's sample.py loads it, into fp32 weights
+    if '--optimizer_in_backward=True' in levers[:2]:  # resuming with the other optimizer is refused by name
         other = train(data_dir, out, '--max_iters=6', '--init_from=resume', '--optim=adamw', *levers[1:])
         assert other.returncode == 2 and "--optim=adamw_bf16" in other.stderr.strip().splitlines()[-1]
 

@@ -43,6 +43,7 @@ def config(tmp_path):
     ({'init_from': 'gpt3'}, "unknown init_from 'gpt3'"),
     ({'auto_batch_size': True}, 'auto_batch_size=True sizes the batch'),
     ({'optim': 'adam8'}, "unknown optim 'adam8'"),
+    ({'hellaswag_examples': -1}, 'hellaswag_examples must be at least 1, or 0 for all; got -1'),
 ])
 def test_check_config_names_the_key(config, overrides, message):
     with pytest.raises(ConfigError) as e:

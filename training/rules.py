@@ -22,6 +22,8 @@ def check_config(config, world_size, device_type):
             raise ConfigError(f'{key} must be at least 1, got {config[key]}')
     if config['eval_batch_size'] < 0:
         raise ConfigError(f"eval_batch_size must be at least 1, or 0 for batch_size; got {config['eval_batch_size']}")
+    if config['hellaswag_examples'] < 0:
+        raise ConfigError(f"hellaswag_examples must be at least 1, or 0 for all; got {config['hellaswag_examples']}")
     if not 0.0 <= config['dropout'] < 1.0:
         raise ConfigError(f"dropout is a probability in [0, 1), got {config['dropout']}: e.g. --dropout=0.1")
     if config['gradient_accumulation_steps'] % world_size != 0:

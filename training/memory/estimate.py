@@ -45,7 +45,21 @@ TRACED_ITERATIONS = 2
 TRACED_MICRO_STEPS = 2
 LOSSES = ('chunked', 'naive')
 ESTIMATOR_DEFAULTS = {'gpu_memory_gb': 12.0, 'json': False, 'find_batch_size': False, 'measure': False,
-                      'world_size': 1, 'loss': 'chunked'}
+                      'world_size': 1, 'loss': 'chunked', 'ladder': False}
+# The ladder of memory levers (--ladder), in order: each rung adds its keys to the rungs before it, at what cost
+LADDER = (
+    ('as configured', {}, ''),
+    ('activation checkpointing', {'activation_checkpointing': True},
+     'about 30% more compute: each block runs its forward again in backward'),
+    ('bf16 optimizer moments', {'optim': 'adamw_bf16'},
+     "AdamW's moments stored in bf16 with stochastic rounding, 4 bytes a parameter instead of 8"),
+    ('8-bit optimizer moments', {'optim': 'adamw_8bit'},
+     "torchao's block-wise 8-bit AdamW moments, about 2 bytes a parameter; needs pip install torchao"),
+    ('optimizer step in backward', {'optimizer_in_backward': True, 'grad_clip': 0.0},
+     'no gradient clipping and no accumulation: a step is one micro-batch, fewer tokens than configured'),
+    ('bf16 weights', {'weight_dtype': 'bfloat16', 'dtype': 'bfloat16'},
+     'weights and gradients in bf16, updates rounded stochastically (README: bench_optim.py gives its quality)'),
+)
 
 
 
@@ -355,6 +369,41 @@ def find_batch_sizes(config, budget_bytes):
     return choices
 
 
+def ladder(config, budget_bytes):
+    """Climb LADDER until a rung fits `budget_bytes`: at each, the largest micro-batch that fits with the levers so
+    far (at least the config's tokens per step, but with the step in backward, which cannot accumulate). A list of
+    JSON-able dicts, one a rung tried; the last has fits=True, and the config found and its evaluation's total,
+    unless none fits."""
+    steps, levers = [], {}
+    for name, keys, cost in LADDER:
+        if keys.get('optimizer_in_backward') and config['world_size'] > 1:
+            continue  # one process only
+        if keys.get('optim') == 'adamw_8bit':
+            try:
+                optim.require('adamw_8bit')
+            except ConfigError:
+                continue  # torchao is not installed: the next rung
+        levers.update(keys)
+        rung = {**config, **levers}
+        if levers.get('optimizer_in_backward'):  # one micro-step a step: the step's samples as one micro-batch
+            rung.update(batch_size=config['batch_size'] * config['gradient_accumulation_steps'],
+                        gradient_accumulation_steps=1)
+        largest, totals = largest_batch(rung, budget_bytes, config['loss'])
+        step = dict(rung=name, cost=cost, levers=dict(levers), batch_1_total_bytes=totals[1], fits=largest is not None)
+        steps.append(step)
+        if largest is None:
+            continue
+        batch_size, accumulation = fewest_micro_steps(rung, largest)
+        found = {**rung, 'batch_size': batch_size, 'gradient_accumulation_steps': accumulation}
+        evaluation = trace(found, config['loss'])['eval']['peak_bytes']
+        step.update(batch_size=batch_size, gradient_accumulation_steps=accumulation, largest_batch_size=largest,
+                    total_bytes=totals[largest],
+                    eval_total_bytes=total_bytes(evaluation), tokens_per_step=batch_size * accumulation *
+                    rung['block_size'])
+        break
+    return steps
+
+
 def estimate(config):
     """Everything main() reports for a checked config, as one JSON-able dict."""
     budget_bytes = int(config['gpu_memory_gb'] * GIB)
@@ -366,6 +415,8 @@ def estimate(config):
     result['fits'] = max(result['total_bytes'], result['eval_total_bytes']) <= budget_bytes
     if config['find_batch_size']:
         result['find_batch_size'] = find_batch_sizes(config, budget_bytes)
+    if config['ladder']:
+        result['ladder'] = ladder(config, budget_bytes)
     if config['measure']:
         result['measured'] = measure(config, config['loss'])
     return result
