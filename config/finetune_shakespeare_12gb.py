@@ -1,14 +1,14 @@
 # finetune GPT-2 large (774M) on Tiny Shakespeare (BPE) on one 12 GB card: config/finetune_shakespeare.py's recipe
 # (32 micro-batches of 1 x 1024 tokens, clipping at 1.0) with gpt2-large and two memory levers.
 # Prepare the data first: python prepare/shakespeare.py; the 8-bit AdamW needs torchao: pip install torchao
-# $ python estimate_memory.py config/finetune_shakespeare_12gb.py --gpu_memory_gb=12  # ~10.7 GiB with the allowance
+# $ python estimate_memory.py config/finetune_shakespeare_12gb.py --gpu_memory_gb=12  # README: per card
 # $ python train.py config/finetune_shakespeare_12gb.py
 # Finetuning memory is the weights' training state: fp32 weights, gradients and AdamW's two fp32 moments take 16 bytes
 # a parameter, 11.5 GiB for gpt2-large before any activation. torchao's 8-bit AdamW keeps the moments in ~2 bytes a
 # parameter (5.8 GiB -> 1.5 GiB), which is what makes it fit.
 # Without torchao, or for more headroom: --optim=adamw_bf16 --optimizer_in_backward=True --grad_clip=0.0
 # --gradient_accumulation_steps=1 --compile=False (bf16 moments, each gradient freed as soon as its parameter is
-# updated; no accumulation or clipping, 1,024 tokens per step): ~9.1 GiB with the allowance.
+# updated; no accumulation or clipping, 1,024 tokens per step).
 import time
 
 out_dir = 'out-shakespeare'

@@ -1,7 +1,7 @@
 # finetune GPT-2 XL (1.5B) on Tiny Shakespeare (BPE) on one 24 GB card: config/finetune_shakespeare.py, which runs out
 # of memory there, with two memory levers; same recipe (32 micro-batches of 1 x 1024 tokens, clipping at 1.0).
 # Prepare the data first: python prepare/shakespeare.py; the 8-bit AdamW needs torchao: pip install torchao
-# $ python estimate_memory.py config/finetune_shakespeare_24gb.py --gpu_memory_gb=24  # ~21.1 GiB with the allowance
+# $ python estimate_memory.py config/finetune_shakespeare_24gb.py --gpu_memory_gb=24  # README: per card
 # $ python train.py config/finetune_shakespeare_24gb.py
 # fp32 weights, gradients and AdamW's two fp32 moments take 16 bytes a parameter: 23.2 GiB for gpt2-xl, more than the
 # card before any activation. torchao's 8-bit AdamW keeps the moments in ~2 bytes a parameter (11.6 GiB -> 3.4 GiB;

@@ -37,8 +37,7 @@ log_interval = 10
 weight_decay = 1e-1
 
 # Muon (README: Muon): --optim=muon steps the blocks' matrices (85M of the 124M parameters) with torch's Muon, one
-# fp32 buffer each instead of AdamW's two, at muon_learning_rate=0.02, and the rest with AdamW as above. Per
-# estimate_memory.py (bf16, batch 8): optimizer state 0.61 GiB instead of 0.93, training peak of tensors 4.67 GiB
-# instead of 4.98, 5.69 GiB with the allowance instead of 6.04. The speedrun reports reaching a given loss in
-# markedly fewer tokens with it, so a shorter --max_iters may do.
+# fp32 buffer each instead of AdamW's two (estimate_memory.py --optim=muon shows the saving), at
+# muon_learning_rate=0.02, and the rest with AdamW as above. The speedrun reports reaching a given loss in markedly
+# fewer tokens with it, so a shorter --max_iters may do.
 optim = 'adamw'  # or 'muon'

@@ -1,7 +1,11 @@
 """Fixtures shared by the tests: a tiny character dataset, and one short training run whose checkpoint several tests
 read. Helpers that tests import live in helpers.py."""
-import pytest
+import pickle
 
+import pytest
+import torch
+
+import estimate_memory
 from helpers import TINY_ARGS, run_script, write_char_dataset
 
 
@@ -23,3 +27,38 @@ def tiny_run(tmp_path_factory):
                         '--max_iters=30', '--eval_interval=15')
     assert result.returncode == 0, result.stderr
     return result, root / 'data', out
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One thread in this process, as in the subprocesses the tests start (OMP_NUM_THREADS=1): two threads on the two
+    cores the tests share can be a hundred times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def estimator_config(data_dir, vocab_size, **keys):
+    """estimate_memory.py's config of a model from scratch on a dataset in data_dir whose meta.pkl has vocab_size."""
+    (data_dir / 'tiny').mkdir()
+    with open(data_dir / 'tiny' / 'meta.pkl', 'wb') as f:
+        pickle.dump({'vocab_size': vocab_size}, f)
+    return {**estimate_memory.estimator_defaults(), 'data_dir': str(data_dir), 'dataset': 'tiny',
+            'init_from': 'scratch', 'bias': False, 'dropout': 0.0, 'eval_batch_size': 0, 'dtype': 'float32',
+            'activation_checkpointing': False, **keys}
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """A 2-layer GPT with a 96-token vocabulary, fp32, 2 micro-steps, clipping on."""
+    return estimator_config(tmp_path, 96, n_layer=2, n_head=2, n_embd=64, block_size=32, bias=True, batch_size=4,
+                            gradient_accumulation_steps=2, grad_clip=1.0)
+
+
+@pytest.fixture
+def weighty(tmp_path):
+    """A model whose memory is mostly the weights' training state, the blocks' matrices most of it, as in
+    finetuning."""
+    return estimator_config(tmp_path, 256, n_layer=2, n_head=4, n_embd=256, block_size=32, batch_size=1,
+                            gradient_accumulation_steps=1, grad_clip=0.0)

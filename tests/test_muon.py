@@ -4,7 +4,6 @@ backward; its state dict resumes exactly; the estimator traces its smaller state
 run with one line, resumes exactly, and trains on 2 processes under ddp and zero1 as on one."""
 import copy
 import io
-import pickle
 
 import pytest
 import torch
@@ -19,26 +18,6 @@ from training.memory import estimate as em
 CONFIG = dict(optim='muon', learning_rate=1e-3, muon_learning_rate=0.02, muon_momentum=0.95, weight_decay=0.1,
               beta1=0.9, beta2=0.95, optimizer_in_backward=False)
 BLOCK_MATRICES = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture
-def weighty(tmp_path):
-    """An estimator config whose memory is mostly the weights' training state, the blocks' matrices most of it."""
-    (tmp_path / 'tiny').mkdir()
-    with open(tmp_path / 'tiny' / 'meta.pkl', 'wb') as f:
-        pickle.dump({'vocab_size': 256}, f)
-    return {**estimate_memory.estimator_defaults(), 'data_dir': str(tmp_path), 'dataset': 'tiny',
-            'init_from': 'scratch', 'n_layer': 2, 'n_head': 4, 'n_embd': 256, 'block_size': 32, 'bias': False,
-            'dropout': 0.0, 'batch_size': 1, 'gradient_accumulation_steps': 1, 'eval_batch_size': 0, 'grad_clip': 0.0,
-            'dtype': 'float32', 'activation_checkpointing': False}
 
 
 def tiny_gpt(in_backward=False):

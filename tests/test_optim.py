@@ -3,13 +3,11 @@ torchao's 8-bit AdamW train a tiny GPT like AdamW with the state they promise; e
 train.py refuses what optimizer_in_backward cannot honour, runs it under torch.compile as in eager, and trains and
 resumes exactly with each lever."""
 import importlib.util
-import pickle
 import sys
 
 import pytest
 import torch
 
-import estimate_memory
 from helpers import TINY_ARGS, logged_losses, run_script
 from model import GPT, GPTConfig
 from training import optim
@@ -20,15 +18,6 @@ from training.memory.tracer import inner_tensors
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec('torchao') is None,
                                    reason='adamw_8bit needs torchao: pip install -r requirements-dev.txt')
 LOW_MEMORY = ['adamw_bf16', pytest.param('adamw_8bit', marks=needs_torchao)]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One thread, as conftest's subprocesses: two threads on the shared two cores can be a hundred times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_gpt(optim_name='adamw', in_backward=False, lr=1e-2):
@@ -92,19 +81,6 @@ def test_low_memory_optimizers_train_like_adamw_with_smaller_state(optim_name):
         small = [p.numel() for p in params if not (p.numel() >= 4096 and p.numel() % 256 == 0)]
         assert moment_bytes(optimizer) == sum(2 * (n + 4 * n // 256 + 4 * 256) for n in quantized) + 8 * sum(small)
         assert moment_bytes(optimizer) < 0.3 * moment_bytes(adamw)
-
-
-@pytest.fixture
-def weighty(tmp_path):
-    """An estimator config whose memory is mostly the weights' training state, as in finetuning."""
-    (tmp_path / 'tiny').mkdir()
-    with open(tmp_path / 'tiny' / 'meta.pkl', 'wb') as f:
-        pickle.dump({'vocab_size': 256}, f)
-    return {**estimate_memory.estimator_defaults(), 'data_dir': str(tmp_path), 'dataset': 'tiny',
-            'init_from': 'scratch',
-            'n_layer': 2, 'n_head': 4, 'n_embd': 256, 'block_size': 32, 'bias': False, 'dropout': 0.0,
-            'batch_size': 1, 'gradient_accumulation_steps': 1, 'eval_batch_size': 0, 'grad_clip': 0.0,
-            'dtype': 'float32', 'activation_checkpointing': False}
 
 
 @needs_torchao

@@ -1,0 +1,25 @@
+# GPT-2 (124M) from scratch on OpenWebText on one 6 GB card (e.g. RTX 2060, RTX 3050 6GB): the 12 GB preset's
+# recipe, 524,288 tokens a step, in micro-batches of 4 instead of 8.
+# Prepare the data first: python prepare/openwebtext.py
+# $ python estimate_memory.py config/train_gpt2_6gb.py --gpu_memory_gb=6
+# $ python train.py config/train_gpt2_6gb.py
+# The activations are what the micro-batch sets: half the batch, half of them; the weights, gradients and AdamW state
+# (16 bytes a parameter, 1.9 GiB) stay. Cards before Ampere (RTX 20 series) have no bf16: dtype defaults to float16
+# there, with a GradScaler, in the same memory.
+
+dataset = 'openwebtext'
+
+# 4 batch size * 1024 block size * 128 gradaccum = 524,288 tokens, as GPT-2 and nanoGPT
+batch_size = 4
+block_size = 1024
+gradient_accumulation_steps = 128
+eval_batch_size = 16
+eval_iters = 50
+
+compile = True  # needs Triton (not on native Windows): compile = False there, batch 4 fits in eager mode too
+
+max_iters = 600000
+lr_decay_iters = 600000
+eval_interval = 1000
+log_interval = 10
+weight_decay = 1e-1
