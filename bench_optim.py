@@ -3,11 +3,13 @@ Training recipes side by side: the same small GPT trained on the CPU from the sa
 batches, for the same steps, with train.py's optimizer (training.optim.build_optimizer), schedule and step; prints
 each one's validation-loss curve, time per step and optimizer-state bytes. A benchmark, not a test. The runs (RUNS):
 adamw and muon (optim='muon'); and, under bf16 autocast, fp32 weights (adamw), bf16 weights with stochastic rounding
-(bf16_weights: weight_dtype='bfloat16') and, for comparison, bf16 weights rounded to nearest (torch's AdamW on them).
+(bf16_weights: weight_dtype='bfloat16') and, for comparison, bf16 weights rounded to nearest (torch's AdamW on them);
+autocast_cache=True (the same losses as adamw, its cost is in the time a step).
 
 $ python prepare/shakespeare.py && python bench_optim.py    # adamw against muon, Tiny Shakespeare in GPT-2 BPE
 $ python bench_optim.py --dataset=shakespeare_char          # without tiktoken: the character-level set
 $ python bench_optim.py --runs=adamw,bf16_weights,bf16_nearest --dtype=bfloat16 --dataset=shakespeare_char
+$ python bench_optim.py --runs=adamw,autocast_cache --dtype=bfloat16 --activation_checkpointing=True
 
 Keys are overridden as in train.py: config files, then --key=value (python bench_optim.py --help lists them).
 """
@@ -53,11 +55,14 @@ warmup_iters = 10
 lr_decay_iters = 200
 min_lr = 1e-4
 dtype = 'float32' # 'bfloat16': every run under bf16 autocast, as train.py's dtype (the bf16-weight runs need it)
+autocast_cache = False # train.py's key: a run may turn it on
+activation_checkpointing = False # every run
 # -----------------------------------------------------------------------------
 # name: train.py keys of the run ('nearest': torch's AdamW on bf16 weights, which rounds each update to nearest)
 RUNS = {'adamw': {'optim': 'adamw'}, 'muon': {'optim': 'muon'},
         'bf16_weights': {'optim': 'adamw', 'weight_dtype': 'bfloat16'},
-        'bf16_nearest': {'optim': 'adamw', 'weight_dtype': 'bfloat16', 'nearest': True}}
+        'bf16_nearest': {'optim': 'adamw', 'weight_dtype': 'bfloat16', 'nearest': True},
+        'autocast_cache': {'optim': 'adamw', 'autocast_cache': True}}  # the same losses: its cost is the time
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 try:
     config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
@@ -84,7 +89,7 @@ def windows(split, generator, rows):
 
 
 @torch.no_grad()
-def val_loss(model, batches):
+def val_loss(model, batches, ctx):
     model.eval()
     with ctx:
         losses = [model(x, y)[1].item() for x, y in batches]
@@ -98,23 +103,27 @@ def state_bytes(optimizer, params):
 
 
 def build(run):
-    """The model and optimizer of `run`, from the seed's initial weights (cast as train.py casts them)."""
+    """The model, optimizer and autocast context of `run`, from the seed's initial weights (cast as train.py casts
+    them)."""
     keys = {**config, **RUNS[run]}
     torch.manual_seed(seed)
     model = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
                           vocab_size=vocab_size, bias=False, dropout=0.0)).to(TORCH_DTYPES[keys['weight_dtype']])
+    model.activation_checkpointing = activation_checkpointing
+    ctx = nullcontext() if dtype == 'float32' else torch.autocast('cpu', dtype=TORCH_DTYPES[dtype],
+                                                                  cache_enabled=keys['autocast_cache'])
     if keys.get('nearest'):
-        return model, model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), 'cpu')
-    return model, build_optimizer(model, keys, 'cpu')
+        return model, model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), 'cpu'), ctx
+    return model, build_optimizer(model, keys, 'cpu'), ctx
 
 
 def train(run, val_batches):
     """({step: val loss}, seconds per step, optimizer-state bytes) of `run`."""
-    model, optimizer = build(run)
+    model, optimizer, ctx = build(run)
     curve, seconds = {}, 0.0
     for it in range(max_iters + 1):
         if it % eval_interval == 0 or it == max_iters:
-            curve[it] = val_loss(model, val_batches)
+            curve[it] = val_loss(model, val_batches, ctx)
             print(f'{run} step {it}: val loss {curve[it]:.4f}', flush=True)
         if it == max_iters:
             break
@@ -136,7 +145,6 @@ def train(run, val_batches):
     return curve, seconds / max_iters, (state_bytes(optimizer, matrices), state_bytes(optimizer, rest))
 
 
-ctx = nullcontext() if dtype == 'float32' else torch.autocast('cpu', dtype=TORCH_DTYPES[dtype], cache_enabled=False)
 generator = np.random.default_rng((seed, 1))
 val_batches = [windows('val', generator, batch_size) for _ in range(eval_iters)]
 results = {name: train(name, val_batches) for name in names}

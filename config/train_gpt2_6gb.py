@@ -14,7 +14,7 @@ batch_size = 4
 block_size = 1024
 gradient_accumulation_steps = 128
 eval_batch_size = 16
-eval_iters = 50
+eval_iters = 100  # 100 * 4 windows, as the 12 GB preset's 50 * 8, in micro-batches of eval_batch_size
 
 compile = True  # needs Triton (not on native Windows): compile = False there, batch 4 fits in eager mode too
 

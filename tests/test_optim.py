@@ -259,3 +259,22 @@ def test_loaded_moments_keep_their_dtype():
     fresh_model, fresh = tiny_gpt('adamw_bf16')
     fresh.load_state_dict(optimizer.state_dict())
     assert {t.dtype for state in fresh.state.values() for t in state.values() if t.dim()} == {torch.bfloat16}
+
+
+@pytest.mark.slow
+def test_bench_optim_compares_weight_precisions_and_the_autocast_cache(data_dir):
+    """The same initial loss for every run; autocast's cache changes no loss; torch's AdamW on bf16 weights (rounding
+    to nearest) keeps its moments in bf16, bf16_weights in fp32."""
+    runs = ['adamw', 'bf16_weights', 'bf16_nearest', 'autocast_cache']
+    result = run_script('bench_optim.py', f'--data_dir={data_dir}', '--dataset=tiny_char', '--n_layer=1',
+                        '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4', '--max_iters=4',
+                        '--eval_interval=2', '--eval_iters=2', '--lr_decay_iters=4', '--warmup_iters=1',
+                        '--dtype=bfloat16', '--activation_checkpointing=True', f"--runs={','.join(runs)}")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = lines.index('step  ' + ''.join(f'{name:>12}' for name in runs))
+    rows = [line.split()[1:] for line in lines[header + 1:header + 4]]
+    assert len(set(rows[0])) == 1 and all(row[0] == row[3] for row in rows)
+    state = {line.split(':')[0]: int(line.split('optimizer state ')[1].split(' ')[0].replace(',', ''))
+             for line in lines[header + 4:]}
+    assert state['bf16_weights'] == state['adamw'] and state['bf16_nearest'] < 0.6 * state['adamw']
