@@ -151,9 +151,10 @@ results = {name: train(name, val_batches) for name in names}
 print(f'\n{dataset}, {n_layer} layers, d={n_embd}, vocab {vocab_size}, batch {batch_size} x {block_size}, '
       f'{max_iters} steps, lr {learning_rate:g} (muon_learning_rate {muon_learning_rate:g}), {dtype}, seed {seed}, '
       f'{torch.get_num_threads()} threads')
-print('step  ' + ''.join(f'{name:>12}' for name in names))
+width = max(12, *(len(name) + 2 for name in names))
+print('step  ' + ''.join(f'{name:>{width}}' for name in names))
 for it in results[names[0]][0]:
-    print(f'{it:>4}  ' + ''.join(f'{results[name][0][it]:>12.4f}' for name in names))
+    print(f'{it:>4}  ' + ''.join(f'{results[name][0][it]:>{width}.4f}' for name in names))
 for name, (curve, step_seconds, (matrix_bytes, rest_bytes)) in results.items():
     target = min(results[names[0]][0].values()) # the first run's best val loss: when does each reach it?
     reached = next((it for it, loss in curve.items() if loss <= target), None)

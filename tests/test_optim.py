@@ -272,7 +272,7 @@ def test_bench_optim_compares_weight_precisions_and_the_autocast_cache(data_dir)
                         '--dtype=bfloat16', '--activation_checkpointing=True', f"--runs={','.join(runs)}")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    header = lines.index('step  ' + ''.join(f'{name:>12}' for name in runs))
+    header = next(i for i, line in enumerate(lines) if line.split() == ['step', *runs])
     rows = [line.split()[1:] for line in lines[header + 1:header + 4]]
     assert len(set(rows[0])) == 1 and all(row[0] == row[3] for row in rows)
     state = {line.split(':')[0]: int(line.split('optimizer state ')[1].split(' ')[0].replace(',', ''))

@@ -1,15 +1,7 @@
 """
-The optimizer, chosen by train.py's `optim` key, and the optional step fused into backward (`optimizer_in_backward`).
-
-Finetuning memory is dominated by the weights' training state, not by activations: fp32 weights, their gradients and
-AdamW's two fp32 moments take 16 bytes a parameter. Two levers here cut it:
-- the moments' storage (`optim`): 'adamw' keeps them in fp32 (8 bytes a parameter), 'adamw_bf16' in bf16 (4 bytes),
-  'adamw_8bit' in torchao's block-wise 8-bit format (~2 bytes); 'muon' steps the transformer blocks' weight matrices
-  with torch's Muon, one fp32 momentum buffer (4 bytes a parameter), and the rest with AdamW;
-- the gradients' lifetime (`optimizer_in_backward=True`): each parameter is updated, and its gradient freed, as soon
-  as backward has produced it, so the gradients of the whole model never exist at once (4 bytes a parameter less,
-  all but one tensor's worth).
-All variants compute the AdamW update in fp32 (decoupled weight decay, bias correction, as torch.optim.AdamW).
+The optimizers of train.py's `optim` key (adamw, adamw_bf16, adamw_8bit, muon), their updates on bf16 weights
+(`weight_dtype`), and the step fused into backward (`optimizer_in_backward`). README, Memory, says what each saves and
+costs. Every AdamW variant computes torch.optim.AdamW's update in fp32.
 """
 import contextlib
 import logging
