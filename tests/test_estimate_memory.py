@@ -2,6 +2,7 @@
 the micro-batch search, pick_batch_size and the one-line errors. Tiny models except where GPT-2 124M is the point."""
 import contextlib
 import gc
+import importlib.util
 import io
 import json
 import re
@@ -62,6 +63,12 @@ FIDELITY_CASES = {
     'optimizer_in_backward': {'optimizer_in_backward': True, 'grad_clip': 0.0},
     # Newton-Schulz's temporaries (the Nesterov update, its bf16 copy, the Gram matrices) traced as they run
     'muon with accumulation': {'optim': 'muon', 'gradient_accumulation_steps': 2},
+    'autocast cache with checkpointing': {'dtype': 'bfloat16', 'activation_checkpointing': True,
+                                          'autocast_cache': True},
+    'bf16 weights': {'dtype': 'bfloat16', 'weight_dtype': 'bfloat16', 'gradient_accumulation_steps': 2},
+    'bf16 weights, 8-bit moments, step in backward': {'dtype': 'bfloat16', 'weight_dtype': 'bfloat16',
+                                                      'optim': 'adamw_8bit', 'optimizer_in_backward': True,
+                                                      'grad_clip': 0.0},
 }
 FIDELITY_MODEL = dict(n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=8, bias=False, dropout=0.0)
 
@@ -81,6 +88,8 @@ def train_py_peak(keys, data_dir, out_dir):
 def test_estimate_equals_the_peak_of_the_real_train_py(tmp_path, case):
     """The estimator's own loop, model and optimizer against train.py itself: an edit to train.py's loop that changes
     what it keeps alive shows here."""
+    if FIDELITY_CASES[case].get('optim') == 'adamw_8bit' and importlib.util.find_spec('torchao') is None:
+        pytest.skip('adamw_8bit needs torchao: pip install -r requirements-dev.txt')
     write_char_dataset(tmp_path / 'data', 'fidelity', vocab_size=96)
     keys = {'dtype': 'float32', 'gradient_accumulation_steps': 1, **FIDELITY_MODEL, **FIDELITY_CASES[case]}
     real = train_py_peak(keys, tmp_path / 'data', tmp_path / 'out')
