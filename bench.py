@@ -1,11 +1,14 @@
 """
 nanoGPT's bench.py, a short version of train.py for benchmarking, plus a benchmark of the loss path.
 
-$ python bench.py                  # mode=train: GPT-2 124M training iterations, time per iteration and MFU
+$ python bench.py                  # mode=train: GPT-2 124M training iterations: time, tokens/s, MFU, peak memory
+$ python bench.py --loss=chunked,naive,torch --find_batch_size=True  # the same for each loss, and (CUDA) the
+                                   # largest micro-batch each one trains at
 $ python bench.py --mode=loss      # the loss path alone: naive, chunked, torch's linear_cross_entropy, matmul floor
 
 Keys are overridden as in train.py: config files, then --key=value (python bench.py --help lists them).
 """
+import gc
 import os
 import sys
 import time
@@ -18,9 +21,28 @@ import torch.nn.functional as F
 
 import configurator
 from model import GPTConfig, GPT, chunked_cross_entropy, default_chunk_size
-from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
+from training.device import TORCH_DTYPES, check_device, default_device, default_dtype, peak_flops
 from training.errors import ConfigError, fail
+from training.memory.estimate import naive_cross_entropy
 from training.memory.tracer import MemoryTracer
+
+
+def torch_linear_cross_entropy():
+    """torch's F.linear_cross_entropy on its chunked path (options=LinearCrossEntropyOptions(); without options it
+    builds the full logits) as a GPT.loss_fn, or None where this torch has no such path. Feature-detected: the
+    function is new and its options have changed between versions."""
+    if not (hasattr(F, 'linear_cross_entropy') and hasattr(torch.nn, 'LinearCrossEntropyOptions')):
+        return None
+
+    def loss_fn(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean'):
+        return F.linear_cross_entropy(hidden, weight, targets, ignore_index=ignore_index, reduction=reduction,
+                                      options=torch.nn.LinearCrossEntropyOptions())
+    return loss_fn
+
+
+# GPT.loss_fn by --loss name, for both modes: model.py's chunked loss, nanoGPT's full logits and torch's own (None
+# where this torch lacks it)
+LOSSES = {'chunked': chunked_cross_entropy, 'naive': naive_cross_entropy, 'torch': torch_linear_cross_entropy()}
 
 # -----------------------------------------------------------------------------
 mode = 'train' # 'train': time training iterations; 'loss': time and memory of the loss path alone
@@ -41,6 +63,9 @@ seed = 1337
 # train mode
 burnin_steps = 10
 num_steps = 20
+loss = 'chunked' # the losses to time, comma-separated: chunked (model.py's), naive (nanoGPT's full logits), torch
+                 # (F.linear_cross_entropy's chunked path); each with the same model, data and micro-batch
+find_batch_size = False # also find the largest micro-batch each loss trains at, by trying it on the GPU (CUDA only)
 profile = False # train mode: the torch profiler (traces in ./bench_log) instead of simple timing; loss mode: also
                 # split one run of each method into its matmuls and the rest, with torch.profiler
 # loss mode
@@ -64,6 +89,15 @@ try:
     except ValueError:
         raise ConfigError(f"loss_rows and chunk_size take comma-separated integers, got "
                           f"{config['loss_rows']!r} and {config['chunk_size']!r}") from None
+    loss_names = config['loss'].split(',')
+    for name in loss_names:
+        if name not in LOSSES:
+            raise ConfigError(f"unknown loss {name!r}: use {', '.join(LOSSES)}, comma-separated")
+        if LOSSES[name] is None:
+            raise ConfigError(f'loss=torch needs F.linear_cross_entropy with LinearCrossEntropyOptions, which torch '
+                              f'{torch.__version__} lacks')
+    if config['find_batch_size'] and device_type != 'cuda':
+        raise ConfigError('find_batch_size tries micro-batches until the GPU runs out of memory: it needs CUDA')
 except ConfigError as e:
     fail(e)
 globals().update(config)
@@ -80,27 +114,70 @@ def profiler_activities():
     return [torch.profiler.ProfilerActivity.CPU, *cuda]
 
 
-def bench_train():
-    if real_data:
-        train_path = os.path.join(data_dir, dataset, 'train.bin')
-        if not os.path.isfile(train_path):
-            fail(f'{train_path} not found: run `python prepare/{dataset}.py`, or use --real_data=False')
-        train_data = np.memmap(train_path, dtype=np.uint16, mode='r')
-        if len(train_data) <= block_size:
-            fail(f'{train_path} has {len(train_data)} tokens, too few for block_size={block_size}')
+def free_memory():
+    """Drop what the last model or failed step left behind, so the next one starts from an empty GPU."""
+    gc.collect()
+    if device_type == 'cuda':
+        torch.cuda.empty_cache()
 
-        def get_batch():
-            ix = torch.randint(len(train_data) - block_size, (batch_size,))
-            x = torch.stack([torch.from_numpy(train_data[i:i+block_size].astype(np.int64)) for i in ix])
-            y = torch.stack([torch.from_numpy(train_data[i+1:i+1+block_size].astype(np.int64)) for i in ix])
-            return x.to(device), y.to(device)
-    else: # fixed data, so data loading is out of the measurement
-        x = torch.randint(vocab_size, (batch_size, block_size), device=device)
-        y = torch.randint(vocab_size, (batch_size, block_size), device=device)
-        get_batch = lambda: (x, y)
 
+def random_batch(rows):
+    return tuple(torch.randint(vocab_size, (rows, block_size), device=device) for _ in range(2))
+
+
+def batch_source():
+    """get_batch() of train mode: random windows of data_dir/dataset/train.bin, or one fixed batch of random tokens,
+    so data loading is out of the measurement."""
+    if not real_data:
+        batch = random_batch(batch_size)
+        return lambda: batch
+    train_path = os.path.join(data_dir, dataset, 'train.bin')
+    if not os.path.isfile(train_path):
+        fail(f'{train_path} not found: run `python prepare/{dataset}.py`, or use --real_data=False')
+    train_data = np.memmap(train_path, dtype=np.uint16, mode='r')
+    if len(train_data) <= block_size:
+        fail(f'{train_path} has {len(train_data)} tokens, too few for block_size={block_size}')
+
+    def get_batch():
+        ix = torch.randint(len(train_data) - block_size, (batch_size,))
+        x = torch.stack([torch.from_numpy(train_data[i:i+block_size].astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(train_data[i+1:i+1+block_size].astype(np.int64)) for i in ix])
+        return x.to(device), y.to(device)
+    return get_batch
+
+
+def largest_micro_batch(train_step, optimizer, good, bad=None):
+    """The largest micro-batch that trains without running out of GPU memory, by trying: from `good`, a micro-batch
+    that fits (or 0), doubling until one fails (`bad`, if known already), then bisecting between the two.
+    train_step(rows) runs one training step at that micro-batch."""
+    def fits(rows):
+        try:
+            train_step(rows)
+            fitted = True
+        except torch.OutOfMemoryError:
+            fitted = False
+        optimizer.zero_grad(set_to_none=True) # the failed step's tensors went with its traceback; its gradients too
+        free_memory()
+        print(f'micro-batch {rows}: {"fits" if fitted else "out of memory"}')
+        return fitted
+
+    while bad is None:
+        trial = 2 * good
+        good, bad = (trial, None) if fits(trial) else (good, trial)
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if fits(middle) else (good, middle)
+    return good
+
+
+def bench_train_loss(name, get_batch, device_peak):
+    """Burn-in and timed steps of a fresh model (the same initialization and data for every loss) trained with
+    `name`'s loss: a dict of its figures, with an 'oom' flag if batch_size ran out of GPU memory."""
+    print(f'loss={name}, micro-batch {batch_size} x {block_size} tokens')
+    torch.manual_seed(seed)
     model = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
                           n_embd=n_embd, dropout=dropout, bias=bias)).to(device)
+    model.loss_fn = LOSSES[name]
     optimizer = model.configure_optimizers(weight_decay=1e-2, learning_rate=1e-4, betas=(0.9, 0.95),
                                            device_type=device_type)
     raw_model = model
@@ -108,7 +185,7 @@ def bench_train():
         print('compiling the model...')
         model = torch.compile(model)
 
-    def train_steps(steps, after_step=lambda: None):
+    def train_steps(steps, get_batch, after_step=lambda: None):
         X, Y = get_batch()
         for k in range(steps):
             with ctx:
@@ -125,23 +202,69 @@ def bench_train():
         with torch.profiler.profile(activities=profiler_activities(), with_flops=True,
                                     schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active),
                                     on_trace_ready=torch.profiler.tensorboard_trace_handler('./bench_log')) as prof:
-            train_steps(wait + warmup + active, prof.step)
-        return
+            train_steps(wait + warmup + active, get_batch, prof.step)
+        return None
     if device_type == 'cuda':
         torch.cuda.reset_peak_memory_stats(device)
-    for stage, steps in (('burn-in', burnin_steps), ('benchmark', num_steps)):
-        print(f'{stage}: {steps} steps')
-        synchronize()
-        t0 = time.time()
-        train_steps(steps)
-        synchronize()
-        dt = time.time() - t0
-    mfu = raw_model.estimate_mfu(batch_size, dt / num_steps)
-    print(f'time per iteration: {dt / num_steps * 1000:.4f}ms, MFU: {mfu * 100:.2f}%')
-    print(f'tokens/s: {batch_size * block_size * num_steps / dt:,.0f} (MFU is relative to an A100\'s bf16 peak, '
-          f'312 TFLOPS, as in nanoGPT)')
-    if device_type == 'cuda':
-        print(f'peak allocated memory: {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB')
+    figures = {'oom': False}
+    try:
+        for stage, steps in (('burn-in', burnin_steps), ('benchmark', num_steps)):
+            print(f'{stage}: {steps} steps')
+            synchronize()
+            t0 = time.time()
+            train_steps(steps, get_batch)
+            synchronize()
+            dt = time.time() - t0
+    except torch.OutOfMemoryError:
+        figures['oom'] = True
+    if figures['oom']:
+        print(f'loss={name}: out of GPU memory at micro-batch {batch_size}')
+        optimizer.zero_grad(set_to_none=True)
+        free_memory()
+    else:
+        figures['ms'] = dt / num_steps * 1000
+        figures['tokens/s'] = batch_size * block_size * num_steps / dt
+        figures['mfu'] = raw_model.estimate_mfu(batch_size, dt / num_steps, device_peak[0]) if device_peak else None
+        mfu = f"{figures['mfu'] * 100:.2f}%" if device_peak else 'n/a (no known peak for this device)'
+        print(f"time per iteration: {figures['ms']:.4f}ms, MFU: {mfu}")
+        print(f"tokens/s: {figures['tokens/s']:,.0f}")
+        if device_type == 'cuda':
+            figures['peak GiB'] = torch.cuda.max_memory_allocated(device) / 2**30
+            print(f"peak allocated memory: {figures['peak GiB']:.2f} GiB")
+        else:
+            print(f'peak memory: not measured on {device_type} (CUDA only)')
+    if find_batch_size:
+        print(f'loss={name}: the largest micro-batch that fits, by trying')
+        step = lambda rows: train_steps(1, lambda: random_batch(rows))
+        bounds = (0, batch_size) if figures['oom'] else (batch_size, None)
+        figures['largest'] = largest_micro_batch(step, optimizer, *bounds)
+    return figures
+
+
+def bench_train():
+    get_batch = batch_source()
+    device_peak = peak_flops(device)
+    results = {}
+    for name in loss_names:
+        results[name] = bench_train_loss(name, get_batch, device_peak)
+        torch._dynamo.reset() # the compiled model goes with it
+        free_memory()
+    if profile:
+        return
+    if device_peak:
+        print(f"MFU against the {device_peak[1]}'s dense {'bf16' if dtype == 'bfloat16' else 'fp16'} peak, "
+              f"{device_peak[0] / 1e12:g} TFLOPS")
+    print(f"{'loss':<8} {'micro-batch':>11} {'ms/iter':>9} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}"
+          f"{' largest micro-batch' if find_batch_size else ''}")
+    for name, figures in results.items():
+        if figures['oom']:
+            line = f"{name:<8} {batch_size:>11} {'out of GPU memory':>45}"
+        else:
+            mfu = f"{figures['mfu'] * 100:.2f}%" if figures['mfu'] is not None else 'n/a'
+            peak = f"{figures['peak GiB']:.2f}" if 'peak GiB' in figures else 'n/a'
+            line = (f"{name:<8} {batch_size:>11} {figures['ms']:>9.2f} {figures['tokens/s']:>10,.0f} {mfu:>7} "
+                    f"{peak:>9}")
+        print(line + (f" {figures['largest']:>19}" if find_batch_size else ''))
 
 
 def matmuls_alone(h, w, rows):
@@ -180,14 +303,13 @@ def bench_loss():
         return lambda h, w, t: loss_fn(h, w, t).backward()
 
     default_rows = default_chunk_size(vocab_size)
-    methods = {'naive F.cross_entropy(F.linear)': backward_of(lambda h, w, t: F.cross_entropy(F.linear(h, w), t))}
+    methods = {'naive F.cross_entropy(F.linear)': backward_of(LOSSES['naive'])}
     for chunk in chunk_sizes:
         rows = chunk or default_rows
         methods[f'chunked_cross_entropy, {rows} rows'] = backward_of(
             lambda h, w, t, rows=rows: chunked_cross_entropy(h, w, t, chunk_size=rows))
-    if hasattr(F, 'linear_cross_entropy') and hasattr(torch.nn, 'LinearCrossEntropyOptions'):
-        methods['torch F.linear_cross_entropy'] = backward_of(lambda h, w, t: F.linear_cross_entropy(
-            h, w, t, options=torch.nn.LinearCrossEntropyOptions())) # default options: its chunked path
+    if LOSSES['torch'] is not None:
+        methods['torch F.linear_cross_entropy'] = backward_of(LOSSES['torch'])
     else:
         print(f'torch {torch.__version__} has no F.linear_cross_entropy: skipped')
     methods[f'floor: 3 matmuls alone, {default_rows} rows'] = lambda h, w, t: matmuls_alone(h, w, default_rows)
