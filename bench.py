@@ -4,11 +4,13 @@ nanoGPT's bench.py, a short version of train.py for benchmarking, plus a benchma
 $ python bench.py                  # mode=train: GPT-2 124M training iterations: time, tokens/s, MFU, peak memory
 $ python bench.py --loss=chunked,naive,torch --find_batch_size=True  # the same for each loss, and (CUDA) the
                                    # largest micro-batch each one trains at
-$ python bench.py --mode=loss      # the loss path alone: naive, chunked, torch's linear_cross_entropy, matmul floor
+$ python bench.py --mode=loss      # the loss path alone: naive, chunked, torch's, Liger's and CCE's (CUDA), matmul
+                                   # floor; with --compile=True (the default on CUDA) each also compiled
 
 Keys are overridden as in train.py: config files, then --key=value (python bench.py --help lists them).
 """
 import gc
+import importlib
 import os
 import sys
 import time
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 import configurator
 from model import GPTConfig, GPT, chunked_cross_entropy, default_chunk_size
 from training.device import TORCH_DTYPES, check_device, default_device, default_dtype, peak_flops
-from training.errors import ConfigError, fail
+from training.errors import ConfigError, first_line, fail
 from training.memory.estimate import naive_cross_entropy
 from training.memory.tracer import MemoryTracer
 
@@ -71,11 +73,11 @@ profile = False # train mode: the torch profiler (traces in ./bench_log) instead
 # loss mode
 loss_rows = '4096,8192' # the N of hidden (N, n_embd) @ weight (vocab_size, n_embd).T, comma-separated
 chunk_size = '0' # chunked_cross_entropy's rows per chunk, comma-separated to compare several; 0 = its default
-loss_runs = 5 # timed forward+backward runs per method and N, after one warm-up; the median is reported
+loss_runs = 5 # timed forward+backward runs per method and N, after a first call; the median is reported
 # system
 device = default_device()
 dtype = default_dtype(device)
-compile = device == 'cuda' # torch.compile the model (train mode)
+compile = device == 'cuda' # torch.compile the model (train mode); loss mode: also time each method compiled
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 try:
@@ -298,68 +300,132 @@ def matmul_split(forward_backward):
     return matmul, wall - matmul
 
 
+def optional_import(package, module, name):
+    """`name` from `module` of an optional package, or None with a line saying why it is left out."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception as e: # not installed, or installed but broken (a Triton mismatch): the other methods still run
+        missing = isinstance(e, ModuleNotFoundError) and e.name == module.split('.')[0]
+        print(f"{package}: skipped: {f'not installed (pip install {package})' if missing else first_line(e)}")
+        return None
+
+
+def fused_kernel_libraries():
+    """Liger-Kernel's fused linear cross-entropy and Apple's Cut Cross-Entropy, optional and CUDA only (Triton
+    kernels, timed as they are, not compiled): name -> loss(h, w, t) of those installed."""
+    if device_type != 'cuda':
+        print('liger-kernel, cut-cross-entropy: skipped: CUDA only')
+        return {}
+    libraries = {}
+    liger_loss = optional_import('liger-kernel', 'liger_kernel.transformers', 'LigerFusedLinearCrossEntropyLoss')
+    if liger_loss is not None:
+        liger = liger_loss(ignore_index=-1)
+        libraries['liger-kernel fused linear CE'] = lambda h, w, t: liger(w, h, t) # the weight comes first
+    cce = optional_import('cut-cross-entropy', 'cut_cross_entropy', 'linear_cross_entropy')
+    if cce is not None:
+        libraries['cut-cross-entropy (cce)'] = lambda h, w, t: cce(h, w, t, ignore_index=-1, impl='cce')
+        # its default skips gradient entries below a threshold; filter_eps=None computes them all, as the others do
+        libraries['cut-cross-entropy, filter_eps=None'] = lambda h, w, t: cce(h, w, t, ignore_index=-1, impl='cce',
+                                                                              filter_eps=None)
+    return libraries
+
+
+def loss_methods():
+    """name -> loss(h, w, t) of each method timed in loss mode: naive, chunked, torch's; each compiled as well with
+    compile=True (the chunked loss compiled runs each chunk's softmax as fused kernels, model.py); then the fused-kernel
+    libraries."""
+    losses = {'naive F.cross_entropy(F.linear)': LOSSES['naive']}
+    for chunk in chunk_sizes:
+        rows = chunk or default_chunk_size(vocab_size)
+        losses[f'chunked_cross_entropy, {rows} rows'] = lambda h, w, t, rows=rows: chunked_cross_entropy(
+            h, w, t, chunk_size=rows)
+    if LOSSES['torch'] is not None:
+        losses['torch F.linear_cross_entropy'] = LOSSES['torch']
+    else:
+        print(f'torch {torch.__version__} has no F.linear_cross_entropy: skipped')
+    if compile:
+        losses.update({f'{name}, compiled': torch.compile(fn) for name, fn in list(losses.items())})
+    return {**losses, **fused_kernel_libraries()}
+
+
 def bench_loss():
     def backward_of(loss_fn):
         return lambda h, w, t: loss_fn(h, w, t).backward()
 
+    methods = {name: backward_of(loss_fn) for name, loss_fn in loss_methods().items()}
     default_rows = default_chunk_size(vocab_size)
-    methods = {'naive F.cross_entropy(F.linear)': backward_of(LOSSES['naive'])}
-    for chunk in chunk_sizes:
-        rows = chunk or default_rows
-        methods[f'chunked_cross_entropy, {rows} rows'] = backward_of(
-            lambda h, w, t, rows=rows: chunked_cross_entropy(h, w, t, chunk_size=rows))
-    if LOSSES['torch'] is not None:
-        methods['torch F.linear_cross_entropy'] = backward_of(LOSSES['torch'])
-    else:
-        print(f'torch {torch.__version__} has no F.linear_cross_entropy: skipped')
     methods[f'floor: 3 matmuls alone, {default_rows} rows'] = lambda h, w, t: matmuls_alone(h, w, default_rows)
+    compiled = [name for name in methods if name.endswith(', compiled')]
+    libraries = [name for name in methods if name.startswith(('liger', 'cut-cross'))]
 
     def forward_backward(run, h, w, t):
         run(h, w, t)
         h.grad = w.grad = None # free the gradients before the next run
         synchronize()
 
-    def peak_bytes(run, h, w, t):
-        """Memory allocated beyond the inputs during one forward+backward, gradients included."""
+    def timed(run, h, w, t):
+        t0 = time.perf_counter()
+        forward_backward(run, h, w, t)
+        return time.perf_counter() - t0
+
+    def peak_bytes(name, run, h, w, t):
+        """Memory allocated beyond the inputs during one forward+backward, gradients included; None where not
+        measured: compiled code on the CPU allocates out of the tracer's sight."""
         if device_type == 'cuda':
             baseline = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
             forward_backward(run, h, w, t)
             return torch.cuda.max_memory_allocated(device) - baseline
+        if name in compiled:
+            return None
         with MemoryTracer(alignment=1, existing=(h, w, t)) as tracker: # the CPU has no allocator statistics
             forward_backward(run, h, w, t)
         return tracker.peak
 
     print(f'loss path forward+backward, d={n_embd}, V={vocab_size}, {dtype}, {device}, '
-          f'{torch.get_num_threads()} threads, median of {loss_runs} runs')
+          f'{torch.get_num_threads()} threads, median of {loss_runs} runs after a first call')
     # peak: all memory the loss path allocates, its gradients (N x d and V x d) included; beyond grads: the rest,
     # the temporaries that an implementation can save (the gradients themselves are needed by any)
     # best: the fastest run of each, vs the naive path's fastest; on a shared machine, the least disturbed figure
-    print(f"{'N':>6}  {'method':<38} {'time':>9} {'vs naive':>8} {'best':>6} {'peak MiB':>9} {'beyond grads':>12}")
+    # vs eager: a compiled method's median against its eager median; compile: its first call's time beyond a median
+    print(f"{'N':>6}  {'method':<44} {'time':>9} {'vs naive':>8} {'best':>6} {'vs eager':>8} {'compile':>8} "
+          f"{'peak MiB':>9} {'beyond grads':>12}")
     for n in rows_list:
         h = torch.randn(n, n_embd, device=device, dtype=ptdtype, requires_grad=True) # the same inputs for all
         w = (torch.randn(vocab_size, n_embd, device=device, dtype=ptdtype) * 0.02).requires_grad_()
         t = torch.randint(vocab_size, (n,), device=device)
-        peaks = {name: peak_bytes(run, h, w, t) for name, run in methods.items()} # untimed: the tracker is slow
+        first_call = {}
+        for name, run in list(methods.items()): # compiles the compiled methods, warms up the others
+            try:
+                first_call[name] = timed(run, h, w, t)
+            except Exception as e: # an optional library's failure leaves the rest to run
+                if name not in libraries:
+                    raise
+                print(f'{name}: skipped: {first_line(e)}')
+                del methods[name]
+        peaks = {name: peak_bytes(name, run, h, w, t) for name, run in methods.items()} # untimed: the tracer is slow
         times = {name: [] for name in methods}
-        for attempt in range(1 + loss_runs): # attempt 0 warms up; methods interleave so machine noise hits each alike
+        for _ in range(loss_runs): # methods interleave so machine noise hits each alike
             for name, run in methods.items():
-                t0 = time.perf_counter()
-                forward_backward(run, h, w, t)
-                if attempt > 0:
-                    times[name].append(time.perf_counter() - t0)
+                times[name].append(timed(run, h, w, t))
         naive_times = next(iter(times.values()))
         naive_time, naive_best = statistics.median(naive_times), min(naive_times)
         grad_mib = (h.numel() + w.numel()) * h.element_size() / 2**20
         for name in methods:
-            median, peak_mib = statistics.median(times[name]), peaks[name] / 2**20
-            print(f'{n:>6}  {name:<38} {median:>8.3f}s {median / naive_time:>7.2f}x '
-                  f'{min(times[name]) / naive_best:>5.2f}x {peak_mib:>9.1f} '
-                  f'{peak_mib - grad_mib:>12.1f}')
+            median = statistics.median(times[name])
+            vs_eager = compile_s = '-'
+            if name in compiled:
+                vs_eager = f"{median / statistics.median(times[name.removesuffix(', compiled')]):.2f}x"
+                compile_s = f'{first_call[name] - median:.1f}s'
+            peak = beyond = 'n/a'
+            if peaks[name] is not None:
+                peak, beyond = f'{peaks[name] / 2**20:.1f}', f'{peaks[name] / 2**20 - grad_mib:.1f}'
+            print(f'{n:>6}  {name:<44} {median:>8.3f}s {median / naive_time:>7.2f}x '
+                  f'{min(times[name]) / naive_best:>5.2f}x {vs_eager:>8} {compile_s:>8} {peak:>9} {beyond:>12}')
         if profile: # the same machine moment for both parts of a run, so their ratio is steadier than the times
             for name, run in methods.items():
                 matmul, rest = matmul_split(lambda: forward_backward(run, h, w, t))
-                print(f'{n:>6}  {name:<38} profiled: matmuls {matmul:.3f}s, the rest {rest:.3f}s '
+                print(f'{n:>6}  {name:<44} profiled: matmuls {matmul:.3f}s, the rest {rest:.3f}s '
                       f'({rest / (matmul + rest):.1%})')
 
 

@@ -76,3 +76,16 @@ def test_loss_mode_profile_splits_each_method_into_matmuls_and_the_rest():
     assert len(split) == (4 if hasattr(F, 'linear_cross_entropy') else 3)
     assert all(line.startswith('  1024  ') and ', the rest ' in line for line in split)
 
+
+@pytest.mark.slow
+def test_loss_mode_compiled_adds_a_compiled_row_per_method_and_skips_the_cuda_libraries():
+    result = run_script('bench.py', *TINY_LOSS, '--compile=True')
+    assert result.returncode == 0, result.stderr
+    assert 'liger-kernel, cut-cross-entropy: skipped: CUDA only' in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.startswith('  1024  ')]
+    compiled = [row for row in rows if ', compiled ' in row]
+    assert len(compiled) == len(rows) - 4 + (0 if hasattr(F, 'linear_cross_entropy') else 1)  # all but the floor
+    assert any(row.split()[1] == 'chunked_cross_entropy,' for row in compiled)
+    for row in compiled:  # vs eager, compile time; no peak: compiled code on the CPU allocates unseen by the tracer
+        fields = row.split()
+        assert fields[-4].endswith('x') and fields[-3].endswith('s') and fields[-2:] == ['n/a', 'n/a']
