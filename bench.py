@@ -343,9 +343,12 @@ def loss_methods():
         losses['torch F.linear_cross_entropy'] = LOSSES['torch']
     else:
         print(f'torch {torch.__version__} has no F.linear_cross_entropy: skipped')
-    if compile:
-        losses.update({f'{name}, compiled': torch.compile(fn) for name, fn in list(losses.items())})
-    return {**losses, **fused_kernel_libraries()}
+    methods = {}
+    for name, loss_fn in losses.items():
+        methods[name] = loss_fn
+        if compile: # next to its eager self, so that each round times the two at about the same machine moment
+            methods[f'{name}, compiled'] = torch.compile(loss_fn)
+    return {**methods, **fused_kernel_libraries()}
 
 
 def bench_loss():
@@ -387,7 +390,8 @@ def bench_loss():
     # peak: all memory the loss path allocates, its gradients (N x d and V x d) included; beyond grads: the rest,
     # the temporaries that an implementation can save (the gradients themselves are needed by any)
     # best: the fastest run of each, vs the naive path's fastest; on a shared machine, the least disturbed figure
-    # vs eager: a compiled method's median against its eager median; compile: its first call's time beyond a median
+    # vs eager: the median over the rounds of a compiled method's time against its eager time in the same round;
+    # compile: its first call's time beyond its median
     print(f"{'N':>6}  {'method':<44} {'time':>9} {'vs naive':>8} {'best':>6} {'vs eager':>8} {'compile':>8} "
           f"{'peak MiB':>9} {'beyond grads':>12}")
     for n in rows_list:
@@ -415,7 +419,8 @@ def bench_loss():
             median = statistics.median(times[name])
             vs_eager = compile_s = '-'
             if name in compiled:
-                vs_eager = f"{median / statistics.median(times[name.removesuffix(', compiled')]):.2f}x"
+                eager_times = times[name.removesuffix(', compiled')]
+                vs_eager = f'{statistics.median(c / e for c, e in zip(times[name], eager_times)):.2f}x'
                 compile_s = f'{first_call[name] - median:.1f}s'
             peak = beyond = 'n/a'
             if peaks[name] is not None:
