@@ -1,11 +1,16 @@
 """
 nanoGPT's bench.py, a short version of train.py for benchmarking, plus a benchmark of the loss path.
 
-$ python bench.py                  # mode=train: GPT-2 124M training iterations, time per iteration and MFU
-$ python bench.py --mode=loss      # the loss path alone: naive, chunked, torch's linear_cross_entropy, matmul floor
+$ python bench.py                  # mode=train: GPT-2 124M training iterations: time, tokens/s, MFU, peak memory
+$ python bench.py --loss=chunked,naive,torch --find_batch_size=True  # the same for each loss, and (CUDA) the
+                                   # largest micro-batch each one trains at
+$ python bench.py --mode=loss      # the loss path alone: naive, chunked, torch's, Liger's and CCE's (CUDA), matmul
+                                   # floor; with --compile=True (the default on CUDA) each also compiled
 
 Keys are overridden as in train.py: config files, then --key=value (python bench.py --help lists them).
 """
+import gc
+import importlib
 import os
 import sys
 import time
@@ -18,9 +23,28 @@ import torch.nn.functional as F
 
 import configurator
 from model import GPTConfig, GPT, chunked_cross_entropy, default_chunk_size
-from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
-from training.errors import ConfigError, fail
+from training.device import TORCH_DTYPES, check_device, default_device, default_dtype, peak_flops
+from training.errors import ConfigError, first_line, fail
+from training.memory.estimate import naive_cross_entropy
 from training.memory.tracer import MemoryTracer
+
+
+def torch_linear_cross_entropy():
+    """torch's F.linear_cross_entropy on its chunked path (options=LinearCrossEntropyOptions(); without options it
+    builds the full logits) as a GPT.loss_fn, or None where this torch has no such path. Feature-detected: the
+    function is new and its options have changed between versions."""
+    if not (hasattr(F, 'linear_cross_entropy') and hasattr(torch.nn, 'LinearCrossEntropyOptions')):
+        return None
+
+    def loss_fn(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean'):
+        return F.linear_cross_entropy(hidden, weight, targets, ignore_index=ignore_index, reduction=reduction,
+                                      options=torch.nn.LinearCrossEntropyOptions())
+    return loss_fn
+
+
+# GPT.loss_fn by --loss name, for both modes: model.py's chunked loss, nanoGPT's full logits and torch's own (None
+# where this torch lacks it)
+LOSSES = {'chunked': chunked_cross_entropy, 'naive': naive_cross_entropy, 'torch': torch_linear_cross_entropy()}
 
 # -----------------------------------------------------------------------------
 mode = 'train' # 'train': time training iterations; 'loss': time and memory of the loss path alone
@@ -41,16 +65,19 @@ seed = 1337
 # train mode
 burnin_steps = 10
 num_steps = 20
+loss = 'chunked' # the losses to time, comma-separated: chunked (model.py's), naive (nanoGPT's full logits), torch
+                 # (F.linear_cross_entropy's chunked path); each with the same model, data and micro-batch
+find_batch_size = False # also find the largest micro-batch each loss trains at, by trying it on the GPU (CUDA only)
 profile = False # train mode: the torch profiler (traces in ./bench_log) instead of simple timing; loss mode: also
                 # split one run of each method into its matmuls and the rest, with torch.profiler
 # loss mode
 loss_rows = '4096,8192' # the N of hidden (N, n_embd) @ weight (vocab_size, n_embd).T, comma-separated
 chunk_size = '0' # chunked_cross_entropy's rows per chunk, comma-separated to compare several; 0 = its default
-loss_runs = 5 # timed forward+backward runs per method and N, after one warm-up; the median is reported
+loss_runs = 5 # timed forward+backward runs per method and N, after a first call; the median is reported
 # system
 device = default_device()
 dtype = default_dtype(device)
-compile = device == 'cuda' # torch.compile the model (train mode)
+compile = device == 'cuda' # torch.compile the model (train mode); loss mode: also time each method compiled
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 try:
@@ -64,6 +91,15 @@ try:
     except ValueError:
         raise ConfigError(f"loss_rows and chunk_size take comma-separated integers, got "
                           f"{config['loss_rows']!r} and {config['chunk_size']!r}") from None
+    loss_names = config['loss'].split(',')
+    for name in loss_names:
+        if name not in LOSSES:
+            raise ConfigError(f"unknown loss {name!r}: use {', '.join(LOSSES)}, comma-separated")
+        if LOSSES[name] is None:
+            raise ConfigError(f'loss=torch needs F.linear_cross_entropy with LinearCrossEntropyOptions, which torch '
+                              f'{torch.__version__} lacks')
+    if config['find_batch_size'] and device_type != 'cuda':
+        raise ConfigError('find_batch_size tries micro-batches until the GPU runs out of memory: it needs CUDA')
 except ConfigError as e:
     fail(e)
 globals().update(config)
@@ -80,27 +116,70 @@ def profiler_activities():
     return [torch.profiler.ProfilerActivity.CPU, *cuda]
 
 
-def bench_train():
-    if real_data:
-        train_path = os.path.join(data_dir, dataset, 'train.bin')
-        if not os.path.isfile(train_path):
-            fail(f'{train_path} not found: run `python prepare/{dataset}.py`, or use --real_data=False')
-        train_data = np.memmap(train_path, dtype=np.uint16, mode='r')
-        if len(train_data) <= block_size:
-            fail(f'{train_path} has {len(train_data)} tokens, too few for block_size={block_size}')
+def free_memory():
+    """Drop what the last model or failed step left behind, so the next one starts from an empty GPU."""
+    gc.collect()
+    if device_type == 'cuda':
+        torch.cuda.empty_cache()
 
-        def get_batch():
-            ix = torch.randint(len(train_data) - block_size, (batch_size,))
-            x = torch.stack([torch.from_numpy(train_data[i:i+block_size].astype(np.int64)) for i in ix])
-            y = torch.stack([torch.from_numpy(train_data[i+1:i+1+block_size].astype(np.int64)) for i in ix])
-            return x.to(device), y.to(device)
-    else: # fixed data, so data loading is out of the measurement
-        x = torch.randint(vocab_size, (batch_size, block_size), device=device)
-        y = torch.randint(vocab_size, (batch_size, block_size), device=device)
-        get_batch = lambda: (x, y)
 
+def random_batch(rows):
+    return tuple(torch.randint(vocab_size, (rows, block_size), device=device) for _ in range(2))
+
+
+def batch_source():
+    """get_batch() of train mode: random windows of data_dir/dataset/train.bin, or one fixed batch of random tokens,
+    so data loading is out of the measurement."""
+    if not real_data:
+        batch = random_batch(batch_size)
+        return lambda: batch
+    train_path = os.path.join(data_dir, dataset, 'train.bin')
+    if not os.path.isfile(train_path):
+        fail(f'{train_path} not found: run `python prepare/{dataset}.py`, or use --real_data=False')
+    train_data = np.memmap(train_path, dtype=np.uint16, mode='r')
+    if len(train_data) <= block_size:
+        fail(f'{train_path} has {len(train_data)} tokens, too few for block_size={block_size}')
+
+    def get_batch():
+        ix = torch.randint(len(train_data) - block_size, (batch_size,))
+        x = torch.stack([torch.from_numpy(train_data[i:i+block_size].astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(train_data[i+1:i+1+block_size].astype(np.int64)) for i in ix])
+        return x.to(device), y.to(device)
+    return get_batch
+
+
+def largest_micro_batch(train_step, optimizer, good, bad=None):
+    """The largest micro-batch that trains without running out of GPU memory, by trying: from `good`, a micro-batch
+    that fits (or 0), doubling until one fails (`bad`, if known already), then bisecting between the two.
+    train_step(rows) runs one training step at that micro-batch."""
+    def fits(rows):
+        try:
+            train_step(rows)
+            fitted = True
+        except torch.OutOfMemoryError:
+            fitted = False
+        optimizer.zero_grad(set_to_none=True) # the failed step's tensors went with its traceback; its gradients too
+        free_memory()
+        print(f'micro-batch {rows}: {"fits" if fitted else "out of memory"}')
+        return fitted
+
+    while bad is None:
+        trial = 2 * good
+        good, bad = (trial, None) if fits(trial) else (good, trial)
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if fits(middle) else (good, middle)
+    return good
+
+
+def bench_train_loss(name, get_batch, device_peak):
+    """Burn-in and timed steps of a fresh model (the same initialization and data for every loss) trained with
+    `name`'s loss: a dict of its figures, with an 'oom' flag if batch_size ran out of GPU memory."""
+    print(f'loss={name}, micro-batch {batch_size} x {block_size} tokens')
+    torch.manual_seed(seed)
     model = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
                           n_embd=n_embd, dropout=dropout, bias=bias)).to(device)
+    model.loss_fn = LOSSES[name]
     optimizer = model.configure_optimizers(weight_decay=1e-2, learning_rate=1e-4, betas=(0.9, 0.95),
                                            device_type=device_type)
     raw_model = model
@@ -108,7 +187,7 @@ def bench_train():
         print('compiling the model...')
         model = torch.compile(model)
 
-    def train_steps(steps, after_step=lambda: None):
+    def train_steps(steps, get_batch, after_step=lambda: None):
         X, Y = get_batch()
         for k in range(steps):
             with ctx:
@@ -125,23 +204,69 @@ def bench_train():
         with torch.profiler.profile(activities=profiler_activities(), with_flops=True,
                                     schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active),
                                     on_trace_ready=torch.profiler.tensorboard_trace_handler('./bench_log')) as prof:
-            train_steps(wait + warmup + active, prof.step)
-        return
+            train_steps(wait + warmup + active, get_batch, prof.step)
+        return None
     if device_type == 'cuda':
         torch.cuda.reset_peak_memory_stats(device)
-    for stage, steps in (('burn-in', burnin_steps), ('benchmark', num_steps)):
-        print(f'{stage}: {steps} steps')
-        synchronize()
-        t0 = time.time()
-        train_steps(steps)
-        synchronize()
-        dt = time.time() - t0
-    mfu = raw_model.estimate_mfu(batch_size, dt / num_steps)
-    print(f'time per iteration: {dt / num_steps * 1000:.4f}ms, MFU: {mfu * 100:.2f}%')
-    print(f'tokens/s: {batch_size * block_size * num_steps / dt:,.0f} (MFU is relative to an A100\'s bf16 peak, '
-          f'312 TFLOPS, as in nanoGPT)')
-    if device_type == 'cuda':
-        print(f'peak allocated memory: {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB')
+    figures = {'oom': False}
+    try:
+        for stage, steps in (('burn-in', burnin_steps), ('benchmark', num_steps)):
+            print(f'{stage}: {steps} steps')
+            synchronize()
+            t0 = time.time()
+            train_steps(steps, get_batch)
+            synchronize()
+            dt = time.time() - t0
+    except torch.OutOfMemoryError:
+        figures['oom'] = True
+    if figures['oom']:
+        print(f'loss={name}: out of GPU memory at micro-batch {batch_size}')
+        optimizer.zero_grad(set_to_none=True)
+        free_memory()
+    else:
+        figures['ms'] = dt / num_steps * 1000
+        figures['tokens/s'] = batch_size * block_size * num_steps / dt
+        figures['mfu'] = raw_model.estimate_mfu(batch_size, dt / num_steps, device_peak[0]) if device_peak else None
+        mfu = f"{figures['mfu'] * 100:.2f}%" if device_peak else 'n/a (no known peak for this device)'
+        print(f"time per iteration: {figures['ms']:.4f}ms, MFU: {mfu}")
+        print(f"tokens/s: {figures['tokens/s']:,.0f}")
+        if device_type == 'cuda':
+            figures['peak GiB'] = torch.cuda.max_memory_allocated(device) / 2**30
+            print(f"peak allocated memory: {figures['peak GiB']:.2f} GiB")
+        else:
+            print(f'peak memory: not measured on {device_type} (CUDA only)')
+    if find_batch_size:
+        print(f'loss={name}: the largest micro-batch that fits, by trying')
+        step = lambda rows: train_steps(1, lambda: random_batch(rows))
+        bounds = (0, batch_size) if figures['oom'] else (batch_size, None)
+        figures['largest'] = largest_micro_batch(step, optimizer, *bounds)
+    return figures
+
+
+def bench_train():
+    get_batch = batch_source()
+    device_peak = peak_flops(device)
+    results = {}
+    for name in loss_names:
+        results[name] = bench_train_loss(name, get_batch, device_peak)
+        torch._dynamo.reset() # the compiled model goes with it
+        free_memory()
+    if profile:
+        return
+    if device_peak:
+        print(f"MFU against the {device_peak[1]}'s dense {'bf16' if dtype == 'bfloat16' else 'fp16'} peak, "
+              f"{device_peak[0] / 1e12:g} TFLOPS")
+    print(f"{'loss':<8} {'micro-batch':>11} {'ms/iter':>9} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}"
+          f"{' largest micro-batch' if find_batch_size else ''}")
+    for name, figures in results.items():
+        if figures['oom']:
+            line = f"{name:<8} {batch_size:>11} {'out of GPU memory':>45}"
+        else:
+            mfu = f"{figures['mfu'] * 100:.2f}%" if figures['mfu'] is not None else 'n/a'
+            peak = f"{figures['peak GiB']:.2f}" if 'peak GiB' in figures else 'n/a'
+            line = (f"{name:<8} {batch_size:>11} {figures['ms']:>9.2f} {figures['tokens/s']:>10,.0f} {mfu:>7} "
+                    f"{peak:>9}")
+        print(line + (f" {figures['largest']:>19}" if find_batch_size else ''))
 
 
 def matmuls_alone(h, w, rows):
@@ -175,69 +300,137 @@ def matmul_split(forward_backward):
     return matmul, wall - matmul
 
 
+def optional_import(package, module, name):
+    """`name` from `module` of an optional package, or None with a line saying why it is left out."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception as e: # not installed, or installed but broken (a Triton mismatch): the other methods still run
+        missing = isinstance(e, ModuleNotFoundError) and e.name == module.split('.')[0]
+        print(f"{package}: skipped: {f'not installed (pip install {package})' if missing else first_line(e)}")
+        return None
+
+
+def fused_kernel_libraries():
+    """Liger-Kernel's fused linear cross-entropy and Apple's Cut Cross-Entropy, optional and CUDA only (Triton
+    kernels, timed as they are, not compiled): name -> loss(h, w, t) of those installed."""
+    if device_type != 'cuda':
+        print('liger-kernel, cut-cross-entropy: skipped: CUDA only')
+        return {}
+    libraries = {}
+    liger_loss = optional_import('liger-kernel', 'liger_kernel.transformers', 'LigerFusedLinearCrossEntropyLoss')
+    if liger_loss is not None:
+        liger = liger_loss(ignore_index=-1)
+        libraries['liger-kernel fused linear CE'] = lambda h, w, t: liger(w, h, t) # the weight comes first
+    cce = optional_import('cut-cross-entropy', 'cut_cross_entropy', 'linear_cross_entropy')
+    if cce is not None:
+        libraries['cut-cross-entropy (cce)'] = lambda h, w, t: cce(h, w, t, ignore_index=-1, impl='cce')
+        # its default skips gradient entries below a threshold; filter_eps=None computes them all, as the others do
+        libraries['cut-cross-entropy, filter_eps=None'] = lambda h, w, t: cce(h, w, t, ignore_index=-1, impl='cce',
+                                                                              filter_eps=None)
+    return libraries
+
+
+def loss_methods():
+    """name -> loss(h, w, t) of each method timed in loss mode: naive, chunked, torch's; each compiled as well with
+    compile=True (the chunked loss compiled runs each chunk's softmax as fused kernels, model.py); then the fused-kernel
+    libraries."""
+    losses = {'naive F.cross_entropy(F.linear)': LOSSES['naive']}
+    for chunk in chunk_sizes:
+        rows = chunk or default_chunk_size(vocab_size)
+        losses[f'chunked_cross_entropy, {rows} rows'] = lambda h, w, t, rows=rows: chunked_cross_entropy(
+            h, w, t, chunk_size=rows)
+    if LOSSES['torch'] is not None:
+        losses['torch F.linear_cross_entropy'] = LOSSES['torch']
+    else:
+        print(f'torch {torch.__version__} has no F.linear_cross_entropy: skipped')
+    methods = {}
+    for name, loss_fn in losses.items():
+        methods[name] = loss_fn
+        if compile: # next to its eager self, so that each round times the two at about the same machine moment
+            methods[f'{name}, compiled'] = torch.compile(loss_fn)
+    return {**methods, **fused_kernel_libraries()}
+
+
 def bench_loss():
     def backward_of(loss_fn):
         return lambda h, w, t: loss_fn(h, w, t).backward()
 
+    methods = {name: backward_of(loss_fn) for name, loss_fn in loss_methods().items()}
     default_rows = default_chunk_size(vocab_size)
-    methods = {'naive F.cross_entropy(F.linear)': backward_of(lambda h, w, t: F.cross_entropy(F.linear(h, w), t))}
-    for chunk in chunk_sizes:
-        rows = chunk or default_rows
-        methods[f'chunked_cross_entropy, {rows} rows'] = backward_of(
-            lambda h, w, t, rows=rows: chunked_cross_entropy(h, w, t, chunk_size=rows))
-    if hasattr(F, 'linear_cross_entropy') and hasattr(torch.nn, 'LinearCrossEntropyOptions'):
-        methods['torch F.linear_cross_entropy'] = backward_of(lambda h, w, t: F.linear_cross_entropy(
-            h, w, t, options=torch.nn.LinearCrossEntropyOptions())) # default options: its chunked path
-    else:
-        print(f'torch {torch.__version__} has no F.linear_cross_entropy: skipped')
     methods[f'floor: 3 matmuls alone, {default_rows} rows'] = lambda h, w, t: matmuls_alone(h, w, default_rows)
+    compiled = [name for name in methods if name.endswith(', compiled')]
+    libraries = [name for name in methods if name.startswith(('liger', 'cut-cross'))]
 
     def forward_backward(run, h, w, t):
         run(h, w, t)
         h.grad = w.grad = None # free the gradients before the next run
         synchronize()
 
-    def peak_bytes(run, h, w, t):
-        """Memory allocated beyond the inputs during one forward+backward, gradients included."""
+    def timed(run, h, w, t):
+        t0 = time.perf_counter()
+        forward_backward(run, h, w, t)
+        return time.perf_counter() - t0
+
+    def peak_bytes(name, run, h, w, t):
+        """Memory allocated beyond the inputs during one forward+backward, gradients included; None where not
+        measured: compiled code on the CPU allocates out of the tracer's sight."""
         if device_type == 'cuda':
             baseline = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
             forward_backward(run, h, w, t)
             return torch.cuda.max_memory_allocated(device) - baseline
+        if name in compiled:
+            return None
         with MemoryTracer(alignment=1, existing=(h, w, t)) as tracker: # the CPU has no allocator statistics
             forward_backward(run, h, w, t)
         return tracker.peak
 
     print(f'loss path forward+backward, d={n_embd}, V={vocab_size}, {dtype}, {device}, '
-          f'{torch.get_num_threads()} threads, median of {loss_runs} runs')
+          f'{torch.get_num_threads()} threads, median of {loss_runs} runs after a first call')
     # peak: all memory the loss path allocates, its gradients (N x d and V x d) included; beyond grads: the rest,
     # the temporaries that an implementation can save (the gradients themselves are needed by any)
     # best: the fastest run of each, vs the naive path's fastest; on a shared machine, the least disturbed figure
-    print(f"{'N':>6}  {'method':<38} {'time':>9} {'vs naive':>8} {'best':>6} {'peak MiB':>9} {'beyond grads':>12}")
+    # vs eager: the median over the rounds of a compiled method's time against its eager time in the same round;
+    # compile: its first call's time beyond its median
+    print(f"{'N':>6}  {'method':<44} {'time':>9} {'vs naive':>8} {'best':>6} {'vs eager':>8} {'compile':>8} "
+          f"{'peak MiB':>9} {'beyond grads':>12}")
     for n in rows_list:
         h = torch.randn(n, n_embd, device=device, dtype=ptdtype, requires_grad=True) # the same inputs for all
         w = (torch.randn(vocab_size, n_embd, device=device, dtype=ptdtype) * 0.02).requires_grad_()
         t = torch.randint(vocab_size, (n,), device=device)
-        peaks = {name: peak_bytes(run, h, w, t) for name, run in methods.items()} # untimed: the tracker is slow
+        first_call = {}
+        for name, run in list(methods.items()): # compiles the compiled methods, warms up the others
+            try:
+                first_call[name] = timed(run, h, w, t)
+            except Exception as e: # an optional library's failure leaves the rest to run
+                if name not in libraries:
+                    raise
+                print(f'{name}: skipped: {first_line(e)}')
+                del methods[name]
+        peaks = {name: peak_bytes(name, run, h, w, t) for name, run in methods.items()} # untimed: the tracer is slow
         times = {name: [] for name in methods}
-        for attempt in range(1 + loss_runs): # attempt 0 warms up; methods interleave so machine noise hits each alike
+        for _ in range(loss_runs): # methods interleave so machine noise hits each alike
             for name, run in methods.items():
-                t0 = time.perf_counter()
-                forward_backward(run, h, w, t)
-                if attempt > 0:
-                    times[name].append(time.perf_counter() - t0)
+                times[name].append(timed(run, h, w, t))
         naive_times = next(iter(times.values()))
         naive_time, naive_best = statistics.median(naive_times), min(naive_times)
         grad_mib = (h.numel() + w.numel()) * h.element_size() / 2**20
         for name in methods:
-            median, peak_mib = statistics.median(times[name]), peaks[name] / 2**20
-            print(f'{n:>6}  {name:<38} {median:>8.3f}s {median / naive_time:>7.2f}x '
-                  f'{min(times[name]) / naive_best:>5.2f}x {peak_mib:>9.1f} '
-                  f'{peak_mib - grad_mib:>12.1f}')
+            median = statistics.median(times[name])
+            vs_eager = compile_s = '-'
+            if name in compiled:
+                eager_times = times[name.removesuffix(', compiled')]
+                vs_eager = f'{statistics.median(c / e for c, e in zip(times[name], eager_times)):.2f}x'
+                compile_s = f'{first_call[name] - median:.1f}s'
+            peak = beyond = 'n/a'
+            if peaks[name] is not None:
+                peak, beyond = f'{peaks[name] / 2**20:.1f}', f'{peaks[name] / 2**20 - grad_mib:.1f}'
+            print(f'{n:>6}  {name:<44} {median:>8.3f}s {median / naive_time:>7.2f}x '
+                  f'{min(times[name]) / naive_best:>5.2f}x {vs_eager:>8} {compile_s:>8} {peak:>9} {beyond:>12}')
         if profile: # the same machine moment for both parts of a run, so their ratio is steadier than the times
             for name, run in methods.items():
                 matmul, rest = matmul_split(lambda: forward_backward(run, h, w, t))
-                print(f'{n:>6}  {name:<38} profiled: matmuls {matmul:.3f}s, the rest {rest:.3f}s '
+                print(f'{n:>6}  {name:<44} profiled: matmuls {matmul:.3f}s, the rest {rest:.3f}s '
                       f'({rest / (matmul + rest):.1%})')
 
 

@@ -319,7 +319,7 @@ class GPT(nn.Module):
 # -----------------------------------------------------------------------------
 # chunked, fused linear + cross-entropy: the loss of GPT.forward, without the (rows, vocab) logits
 
-# Elements of the one fp32 buffer that holds a chunk's logits (chunk rows x vocab): 19 * 2**20 elements, 76 MiB,
+# Elements of the one buffer that holds a chunk's logits (chunk rows x vocab): 19 * 2**20 elements, 76 MiB in fp32,
 # 384 rows of GPT-2's 50304-token vocabulary, whatever the batch. Smaller chunks run the matmuls less efficiently,
 # larger ones cost memory without speed (README: the loss path). Small vocabularies get one chunk.
 CHUNK_ELEMENTS = 19 * 2 ** 20
@@ -341,79 +341,124 @@ def _scaled(x, factor, dtype):
     """x * factor, rounded once into `dtype`: no temporary of x's size in x's (fp32) dtype."""
     return torch.mul(x, factor, out=torch.empty(x.shape, dtype=dtype, device=x.device))
 
+def _softmax_chunk(logits, targets, valid, row_factors, need_grad, fold_scales):
+    """One chunk's cross-entropy, eagerly. logits: (rows, V) fp32 (fp64) logits in base 2, overwritten; targets (0 on
+    ignored rows), valid and row_factors: (rows, 1). Returns the (rows, 1) losses in bits (0 on ignored rows) and,
+    with need_grad, the rows' gradient factors (rows, 1), logits then holding sum * (softmax - onehot) (fold_scales)
+    or softmax - onehot. Each op is a pass over the chunk, so each runs in place: no temporary of the chunk's size."""
+    row_max = logits.amax(1, keepdim=True)
+    target_logits = logits.gather(1, targets)
+    logits.sub_(row_max).exp2_()
+    sum_exp = logits.sum(1, keepdim=True)  # >= 1: the max term is 2**0
+    losses = torch.where(valid, row_max + sum_exp.log2() - target_logits, 0.0)
+    if not need_grad:
+        return losses, None
+    if fold_scales:
+        target_terms, row_scales = sum_exp.neg(), row_factors / sum_exp
+    else:
+        logits.div_(sum_exp)
+        target_terms, row_scales = torch.full_like(sum_exp, -1.0), row_factors
+    logits.scatter_add_(1, targets, target_terms)
+    return losses, row_scales
+
+
+def _softmax_chunk_fused(logits, targets, valid, row_factors, need_grad, fold_scales):
+    """_softmax_chunk written for torch.compile: the same arguments and results, but logits may be in the matmul's
+    dtype (bf16 logits are upcast inside the kernel: an fp32 softmax without an fp32 buffer). Inductor fuses it: the
+    chunk is read for its max and sum, then read again and the gradient written over it, where _softmax_chunk makes
+    four to six passes. Comparing column indices with the targets replaces scatter_add_, which would stop the fusion."""
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    row_max = x.amax(1, keepdim=True)
+    target_logits = x.gather(1, targets)
+    exp = torch.exp2(x - row_max)
+    sum_exp = exp.sum(1, keepdim=True)
+    losses = torch.where(valid, row_max + sum_exp.log2() - target_logits, 0.0)
+    if not need_grad:
+        return losses, None
+    if fold_scales:
+        target_terms, row_scales = sum_exp.neg(), row_factors / sum_exp
+    else:
+        exp = exp / sum_exp
+        target_terms, row_scales = -1.0, row_factors
+    is_target = torch.arange(x.shape[1], device=x.device) == targets
+    logits.copy_(torch.where(is_target, exp + target_terms, exp))
+    return losses, row_scales
+
+
+# Compiled on first use, one graph for all chunk sizes (the last chunk is shorter; reduction='none' keeps any number
+# of rows). fullgraph: a graph break would split the fused kernel, so it is an error instead.
+_compiled_softmax_chunk = torch.compile(_softmax_chunk_fused, dynamic=True, fullgraph=True)
+
+
 def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
-                            need_hidden_grad, need_weight_grad, per_row=False):
+                            need_hidden_grad, need_weight_grad, per_row=False, fused=False):
     """Mean cross-entropy of (hidden @ weight.T) against targets, chunk by chunk over the rows.
     With gradients asked for, they are computed in the same pass: d loss / d logits = (softmax - onehot) / n_valid
     for each chunk, then grad_hidden = g @ W and grad_weight += g.T @ h, so the total work is the three N*d*V
     matmuls of the naive path and nothing is recomputed. The weight gradient accumulates in fp32.
 
-    Each chunk's logits are held transposed, (V, rows), in one fp32 buffer allocated once and overwritten in
-    place: the (V, d) @ (d, rows) product runs faster on CPU than (rows, d) @ (d, V), and the reductions over V
-    run along contiguous columns. Every pass over that buffer is memory-bound time beyond the matmuls (and
-    weighs more on a GPU, whose matmuls are faster), so per-row factors go into the small (rows, d) operands:
-    log2(e), so that exp2 (faster than exp on CPU) gives the exponentials, and the softmax's 1 / sum with
+    Each chunk's (rows, V) logits live in one buffer allocated once and overwritten in place. Eagerly it is fp32 and
+    held transposed, (V, rows) in memory: the (V, d) @ (d, rows) product runs faster on CPU than (rows, d) @ (d, V),
+    and the reductions over V run along contiguous columns. Every pass over that buffer is memory-bound time beyond
+    the matmuls (and weighs more on a GPU, whose matmuls are faster), so per-row factors go into the small (rows, d)
+    operands: log2(e), so that exp2 (faster than exp on CPU) gives the exponentials, and the softmax's 1 / sum with
     1 / n_valid, so the buffer becomes exp - sum * onehot = sum * (softmax - onehot) and is never divided.
     Under fp16 those scales (down to 1 / (n_valid * V)) fall below fp16's normal range, so there the softmax is
     normalized in fp32 before the cast and 1 / n_valid applied to the fp32 results.
+    fused=True runs each chunk's softmax as compiled kernels (_softmax_chunk_fused) instead of _softmax_chunk's
+    passes; its buffer is row-major, what a kernel reducing along rows reads best, in the compute dtype.
     per_row=True returns the (N,) losses of the rows (0 on ignored rows) instead of their mean."""
     w = weight.to(compute_dtype)  # the matmuls run in the compute dtype; casts are explicit: autocast changes nothing
     acc_dtype = torch.promote_types(compute_dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
     fold_scales = compute_dtype != torch.float16
+    need_grad = need_hidden_grad or need_weight_grad
     n_rows, vocab_size = hidden.shape[0], weight.shape[0]
-    valid = targets != ignore_index
+    valid = (targets != ignore_index).unsqueeze(1)  # (N, 1), as the rows' targets and factors
     # dividing by at least 1 makes an all-ignored batch give loss 0 and zero gradients, not 0/0 = NaN
     inv_count = 1.0 / valid.sum().clamp(min=1).to(acc_dtype)
-    safe_targets = torch.where(valid, targets, 0).unsqueeze(0)  # (1, N): vocabulary rows of the (V, rows) chunks
-    row_factors = valid * inv_count  # (N,): 1 / n_valid, 0 on ignored rows
+    safe_targets = torch.where(valid, targets.unsqueeze(1), 0)  # (N, 1): vocabulary columns of the (rows, V) chunks
+    row_factors = valid * inv_count  # 1 / n_valid, 0 on ignored rows
     loss_sum = torch.zeros((), dtype=acc_dtype, device=hidden.device)  # in bits (log base 2) until the end
     row_losses = torch.empty(n_rows, dtype=acc_dtype, device=hidden.device) if per_row else None
     grad_hidden = torch.empty_like(hidden) if need_hidden_grad else None
     grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if need_weight_grad else None
-    chunk_buffer = torch.empty(min(chunk_size, n_rows) * vocab_size, dtype=acc_dtype, device=hidden.device)
+    softmax_chunk = _compiled_softmax_chunk if fused else _softmax_chunk
+    chunk_buffer = torch.empty(min(chunk_size, n_rows) * vocab_size, dtype=compute_dtype if fused else acc_dtype,
+                               device=hidden.device)
     for start in range(0, n_rows, chunk_size):
         rows = slice(start, start + chunk_size)
         h = hidden[rows]
         h_log2e = _scaled(h, LOG2E, compute_dtype)  # logits in base 2: exp2 of them is exp of the logits
-        exp_logits = chunk_buffer[:vocab_size * h.shape[0]].view(vocab_size, h.shape[0])  # contiguous for any rows
-        if compute_dtype == acc_dtype:
-            torch.mm(w, h_log2e.t(), out=exp_logits)
+        chunk = chunk_buffer[:vocab_size * h.shape[0]]  # contiguous for any rows
+        logits = chunk.view(h.shape[0], vocab_size) if fused else chunk.view(vocab_size, h.shape[0]).t()
+        if logits.dtype == compute_dtype:
+            torch.mm(h_log2e, w.t(), out=logits)
         else:
-            exp_logits.copy_(w @ h_log2e.t())  # softmax in fp32, as F.cross_entropy does
-        row_max = exp_logits.amax(0)
-        target_logits = exp_logits.gather(0, safe_targets[:, rows]).squeeze(0)
-        exp_logits.sub_(row_max).exp2_()
-        sum_exp = exp_logits.sum(0)  # >= 1: the max term is 2**0
-        chunk_losses = torch.where(valid[rows], row_max + sum_exp.log2() - target_logits, 0.0)
+            logits.copy_((w @ h_log2e.t()).t())  # in the buffer's layout; softmax in fp32, as F.cross_entropy does
+        chunk_losses, row_scales = softmax_chunk(logits, safe_targets[rows], valid[rows], row_factors[rows],
+                                                 need_grad, fold_scales)
         loss_sum += chunk_losses.sum()
         if row_losses is not None:
-            row_losses[rows] = chunk_losses
-        if grad_hidden is None and grad_weight is None:
+            row_losses[rows] = chunk_losses.squeeze(1)
+        if not need_grad:
             continue
-        if fold_scales:
-            target_terms, row_scales = sum_exp.neg(), row_factors[rows] / sum_exp
-        else:
-            exp_logits.div_(sum_exp)
-            target_terms, row_scales = torch.full_like(sum_exp, -1.0), row_factors[rows]
-        g = exp_logits.scatter_add_(0, safe_targets[:, rows], target_terms.unsqueeze(0)).to(compute_dtype)
-        row_scales = row_scales.unsqueeze(1)
+        g = logits.to(compute_dtype)  # (rows, V), in the buffer's layout
         if grad_hidden is not None:
-            torch.mul(g.t() @ w, row_scales, out=grad_hidden[rows])  # scaled in fp32, not in the product's dtype
+            torch.mul(g @ w, row_scales, out=grad_hidden[rows])  # scaled in fp32, not in the product's dtype
         if grad_weight is not None:
             # ignored rows (scale 0) add nothing to the weight gradient
-            h_scaled = _scaled(h, row_scales if fold_scales else valid[rows].unsqueeze(1), compute_dtype)
+            h_scaled = _scaled(h, row_scales if fold_scales else valid[rows], compute_dtype)
             if g.dtype == grad_weight.dtype:
-                grad_weight.addmm_(g, h_scaled)  # accumulates in place: no (V, d) temporary
+                grad_weight.addmm_(g.t(), h_scaled)  # accumulates in place: no (V, d) temporary
             else:  # low-precision matmuls, fp32 accumulation, in vocabulary blocks: a whole (V, d) product would be
                 for block in range(0, vocab_size, VOCAB_BLOCK):  # another copy of the weight's size
                     vocab = slice(block, block + VOCAB_BLOCK)
-                    grad_weight[vocab].add_(g[vocab] @ h_scaled)
+                    grad_weight[vocab].add_(g[:, vocab].t() @ h_scaled)
         del g
     if grad_weight is not None and not fold_scales:
         grad_weight.mul_(inv_count)
     loss = row_losses.mul_(LN2) if per_row else loss_sum * (inv_count * LN2)
     return loss, grad_hidden, grad_weight
-
 
 def _graph_is_kept():
     """Whether the running backward keeps the graph (retain_graph=True), so saved tensors are needed again.
@@ -427,9 +472,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
     which carries gradient-accumulation (1/k) and GradScaler factors."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, ignore_index, chunk_size, compute_dtype):
+    def forward(ctx, hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused):
         loss, grad_hidden, grad_weight = _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size,
-                                                                 compute_dtype, *ctx.needs_input_grad[:2])
+                                                                 compute_dtype, *ctx.needs_input_grad[:2], fused=fused)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         return loss
@@ -445,20 +490,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_hidden = scale(grad_hidden, grad_loss.to(grad_hidden.dtype))
         if grad_weight is not None:
             grad_weight = scale(grad_weight, grad_loss).to(ctx.weight_dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
-def _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype):
+def _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused):
     """The (N,) losses, 0 on ignored rows: only the other rows are projected onto the vocabulary."""
     keep = targets != ignore_index
     kept = _chunked_loss_and_grads(hidden[keep], weight, targets[keep], ignore_index, chunk_size, compute_dtype,
-                                   False, False, per_row=True)[0]
+                                   False, False, per_row=True, fused=fused)[0]
     losses = kept.new_zeros(targets.shape)
     losses[keep] = kept
     return losses
 
 
-@torch.compiler.disable  # a graph break here is cheap; the chunk loop stays eager under torch.compile
 def chunked_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean'):
     """Mean cross-entropy of the logits `hidden @ weight.T` against `targets`, ignoring `ignore_index`,
     without ever holding more than about chunk_size x V logits.
@@ -467,7 +511,16 @@ def chunked_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_siz
     With gradients enabled the forward pass also computes both gradients (weight gradient accumulated in fp32);
     under no_grad it computes the loss only. If every target is ignored the loss is 0 (not NaN).
     reduction='none' returns the (N,) loss of each row instead, 0 on ignored rows, as F.cross_entropy does; it is
-    for evaluation: ignored rows skip the vocabulary projection, and it has no gradients (an error if asked for)."""
+    for evaluation: ignored rows skip the vocabulary projection, and it has no gradients (an error if asked for).
+    Called from code that torch.compile compiles (a compiled GPT), each chunk's softmax runs as compiled kernels
+    (the chunk loop and its matmuls stay eager); called eagerly, all of it is eager."""
+    return _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, reduction,
+                                  fused=torch.compiler.is_compiling())
+
+
+@torch.compiler.disable  # a graph break here is cheap; the chunk loop stays eager under torch.compile
+def _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, reduction, fused):
+    """chunked_cross_entropy, run outside torch.compile's graphs; fused: each chunk's softmax compiled."""
     if chunk_size is None:
         chunk_size = default_chunk_size(weight.shape[0])
     compute_dtype = _compute_dtype(hidden, weight)
@@ -477,11 +530,11 @@ def chunked_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_siz
             raise RuntimeError("chunked_cross_entropy(reduction='none') has no gradients: call it under "
                                "torch.no_grad()")
         with torch.no_grad():
-            return _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype)
+            return _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused)
     if reduction != 'mean':
         raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
     if not wants_grad:
         with torch.no_grad():
             return _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
-                                           False, False)[0]
-    return _LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_size, compute_dtype)
+                                           False, False, fused=fused)[0]
+    return _LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused)

@@ -1,5 +1,6 @@
-"""bench.py: both modes on tiny shapes (seconds), and its one-line error for a missing dataset. No timings."""
+"""bench.py: both modes on tiny shapes (seconds), and its one-line errors. No timings."""
 import pytest
+import torch
 import torch.nn.functional as F
 
 from helpers import run_script
@@ -18,6 +19,29 @@ def test_train_mode_prints_time_per_iteration():
     assert result.returncode == 0, result.stderr
     assert '1/2 loss ' in result.stdout
     assert 'time per iteration: ' in result.stdout and 'MFU: ' in result.stdout
+
+
+@pytest.mark.slow
+def test_train_mode_times_each_loss_on_the_same_batches_and_prints_a_row_for_each():
+    losses = ['chunked', 'naive'] + (['torch'] if hasattr(torch.nn, 'LinearCrossEntropyOptions') else [])
+    result = run_script('bench.py', *TINY_TRAIN, '--real_data=False', f"--loss={','.join(losses)}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count('MFU: n/a (no known peak for this device)') == len(losses)
+    assert result.stdout.count('peak memory: not measured on cpu') == len(losses)
+    # the same initialization and data for every loss: the same first loss, up to rounding
+    first_losses = [float(line.split()[-1]) for line in result.stdout.splitlines() if line.startswith('0/1 loss ')]
+    assert len(first_losses) == len(losses) and max(first_losses) - min(first_losses) < 1e-4
+    table = result.stdout[result.stdout.index('loss     micro-batch'):].splitlines()[1:]
+    assert [row.split()[0] for row in table] == losses
+    assert all(row.split()[1] == '2' and float(row.split()[2]) > 0 for row in table)
+
+
+def test_train_mode_refuses_an_unknown_loss_and_find_batch_size_off_cuda():
+    for arg, message in (('--loss=chunked,fused', "unknown loss 'fused'"), ('--find_batch_size=True', 'needs CUDA')):
+        result = run_script('bench.py', *TINY_TRAIN, '--real_data=False', arg)
+        assert result.returncode == 2 and message in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert all(line.startswith('Overriding: ') for line in result.stdout.splitlines())  # refused before any run
 
 
 def test_real_data_without_the_dataset_fails_with_one_line(tmp_path):
@@ -53,3 +77,17 @@ def test_loss_mode_profile_splits_each_method_into_matmuls_and_the_rest():
     split = [line for line in result.stdout.splitlines() if 'profiled: matmuls ' in line]
     assert len(split) == (4 if hasattr(F, 'linear_cross_entropy') else 3)
     assert all(line.startswith('  1024  ') and ', the rest ' in line for line in split)
+
+
+@pytest.mark.slow
+def test_loss_mode_compiled_adds_a_compiled_row_per_method_and_skips_the_cuda_libraries():
+    result = run_script('bench.py', *TINY_LOSS, '--compile=True')
+    assert result.returncode == 0, result.stderr
+    assert 'liger-kernel, cut-cross-entropy: skipped: CUDA only' in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.startswith('  1024  ')]
+    compiled = [row for row in rows if ', compiled ' in row]
+    assert len(compiled) == len(rows) - 4 + (0 if hasattr(F, 'linear_cross_entropy') else 1)  # all but the floor
+    assert any(row.split()[1] == 'chunked_cross_entropy,' for row in compiled)
+    for row in compiled:  # vs eager, compile time; no peak: compiled code on the CPU allocates unseen by the tracer
+        fields = row.split()
+        assert fields[-4].endswith('x') and fields[-3].endswith('s') and fields[-2:] == ['n/a', 'n/a']

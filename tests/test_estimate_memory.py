@@ -227,6 +227,15 @@ def test_warm_start_trace_has_the_same_peak_as_two_full_iterations(tiny, overrid
     assert (warm['peak_bytes'], warm['breakdown']) == (full['peak_bytes'], full['breakdown'])
 
 
+def test_warm_start_steps_in_backward_a_parameter_at_a_time(weighty):
+    """Where the weights' training state dominates, all the gradients at once would be the peak: the step in backward
+    never holds them."""
+    config = {**weighty, 'optimizer_in_backward': True}
+    full = em.trace(config, evaluate=False)['train']
+    warm = em.trace(config, evaluate=False, warm_start=True)['train']
+    assert (warm['peak_bytes'], warm['breakdown']) == (full['peak_bytes'], full['breakdown'])
+
+
 def test_find_batch_size_cli_returns_a_fitting_batch_whose_double_does_not_fit(tiny, capsys, monkeypatch):
     tiny = {**tiny, 'batch_size': 4, 'gradient_accumulation_steps': 32}  # 128 samples of 32 tokens per step
 

@@ -134,8 +134,12 @@ def train_iterations(model, optimizer, config, batch_size, device_type, warm_sta
     model.train()
     X, Y = random_batch(batch_size, block, vocab, device_type)
     if warm_start:
+        in_backward = isinstance(optimizer, optim.OptimizerInBackward)
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
+            if in_backward:  # stepped a parameter at a time, its gradient freed, as backward's hooks do
+                optimizer.step()
+                p.grad = None
         optimizer.step()
         if micro_steps == 1:
             optimizer.zero_grad(set_to_none=True)
