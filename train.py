@@ -163,17 +163,6 @@ if auto_batch_size: # the largest micro-batch that estimate_memory.py finds to f
 if ddp: # before the model: zero1's optimizer and fsdp's sharding need the process group
     dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
     exit_with_launcher() # should torchrun itself be killed, its workers must not train on
-if hellaswag: # its data and tokenizer before the model: a missing file fails early; the master downloads, once
-    try:
-        hellaswag_dir = os.path.join(data_dir, 'hellaswag')
-        if master_process:
-            cached_val_file(hellaswag_dir)
-        if ddp:
-            dist.barrier()
-        hellaswag_set = read_examples(cached_val_file(hellaswag_dir), hellaswag_examples)
-        enc = get_encoding('gpt2')
-    except ConfigError as e:
-        fail(e)
 if auto_batch_size:
     if ddp: # the ranks' free memory can differ a little: all take the master's choice
         choice = [batch_size, gradient_accumulation_steps]
@@ -246,6 +235,17 @@ try: # the shape is the checkpoint's or OpenAI's, only dropout as configured; bl
     model_args, crop = rules.model_args(config, meta_vocab_size, checkpoint and checkpoint['model_args'])
 except ConfigError as e:
     fail(e)
+if hellaswag: # its data and tokenizer before the weights: a missing file fails early; the master downloads, once
+    try:
+        hellaswag_dir = os.path.join(data_dir, 'hellaswag')
+        if master_process:
+            cached_val_file(hellaswag_dir)
+        if ddp:
+            dist.barrier()
+        hellaswag_set = read_examples(cached_val_file(hellaswag_dir), hellaswag_examples)
+        enc = get_encoding('gpt2')
+    except ConfigError as e:
+        fail(e)
 if init_from in GPT.PRETRAINED_ARGS:
     try:
         model = pretrained_model(init_from, dropout) # only dropout can be overridden

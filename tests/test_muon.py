@@ -124,6 +124,12 @@ def test_in_backward_gives_the_standard_loops_parameters():
     tiny_gpt(in_backward=True)[1].load_state_dict(optimizer.state_dict())
 
 
+def test_torch_without_muon_is_one_line(monkeypatch):
+    monkeypatch.delattr(torch.optim, 'Muon')
+    with pytest.raises(ConfigError, match=r"optim='muon' needs torch.optim.Muon, new in torch 2.9"):
+        optim.require('muon')
+
+
 @pytest.mark.parametrize('overrides, world_size, message', [
     ({'parallelism': 'fsdp'}, 2, "optim='muon' orthogonalizes each whole weight matrix"),
     ({'muon_momentum': 1.0}, 1, 'muon_momentum must be in [0, 1)'),

@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from helpers import ROOT, TEXT, patched_env
 
@@ -27,12 +28,17 @@ APPENDED = {
     'train.py': TINY_MODEL,
     'sample.py': ['--num_samples=1', '--max_new_tokens=8', '--device=cpu', '--dtype=float32'],
     'bench.py': ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=2', '--num_steps=2',
-                 '--burnin_steps=1', '--device=cpu', '--compile=False', '--dtype=float32'],
+                 '--burnin_steps=1', '--device=cpu', '--compile=False', '--dtype=float32', '--loss_rows=256',
+                 '--loss_runs=1'],
+    'bench_optim.py': ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4',
+                       '--max_iters=4', '--eval_interval=2', '--eval_iters=2', '--lr_decay_iters=4',
+                       '--warmup_iters=1'],
     'hellaswag.py': ['--device=cpu', '--dtype=float32', '--max_examples=3'],
     'estimate_memory.py': [],
 }
 # installs need the network (the tests run in the environment they set up), and the tests cannot run themselves
 SKIPPED = ('pip ', 'python -m pytest ')
+CUDA_ONLY = ('--find_batch_size=True',)  # tries micro-batches until the GPU runs out of memory: refused on a CPU
 # Stand-ins, in every process: GPT-2's BPE is a tiny byte-level BPE, and OpenAI's weights are random GPT-2s of a tiny
 # shape, built by transformers from its config, as GPT2LMHeadModel.from_pretrained would load them.
 STAND_INS = """
@@ -89,6 +95,8 @@ def repository(tmp_path_factory):
 def test_readme_command_runs_as_written(repository, tmp_path, command):
     if not with_overrides(command):
         pytest.skip(f'{command}: an install, or this test suite')
+    if any(flag in command for flag in CUDA_ONLY) and not torch.cuda.is_available():
+        pytest.skip(f'{command}: CUDA only')
     # torchrun as this interpreter's module: the same Python as the tests'
     script = with_overrides(command).replace('torchrun ', f'{sys.executable} -m torch.distributed.run ')
     result = subprocess.run(['bash', '-c', script], cwd=repository, capture_output=True, text=True, timeout=600,

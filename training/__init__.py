@@ -2,10 +2,12 @@
 
 rules.py       what train.py accepts and which model a config builds (shared with the memory estimate)
 checkpoint.py  ckpt.pt: atomic saves, one-line errors on load
-optim.py       the optimizers (the `optim` key) and the step fused into backward (`optimizer_in_backward`)
+optim.py       the optimizers (`optim`), their updates on bf16 weights, the step fused into backward
 parallel.py    the `parallelism` modes under torchrun, the full-tensor checkpoint, timeouts and the launcher watch
 schedule.py    the learning rate schedule
 device.py      default device and dtype, their checks, the GPUs' peak FLOPS for MFU
 memory/        the memory tracer, the estimate before launch, the advice after an out-of-memory error
+hellaswag.py   HellaSwag's validation set and its scoring (hellaswag.py, train.py's hellaswag key)
+paths.py       where relative paths point, and the check that out_dir can be written
 errors.py      ConfigError and fail(): one line, exit status 2
 """

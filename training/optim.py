@@ -43,6 +43,9 @@ def require(optim):
         except ImportError as e:
             raise ConfigError(f"optim='adamw_8bit' needs torchao ({e}): pip install torchao, or use "
                               f"--optim=adamw_bf16") from None
+    if optim == 'muon' and not hasattr(torch.optim, 'Muon'):
+        raise ConfigError(f"optim='muon' needs torch.optim.Muon, new in torch 2.9 (this is torch {torch.__version__}): "
+                          f"pip install -U torch, or use --optim=adamw")
 
 
 def check_config(config, world_size):
