@@ -3,6 +3,7 @@ runner, a parser of train.py's log lines, and a tiny stand-in for GPT-2's BPE.""
 import hashlib
 import os
 import pickle
+import re
 import subprocess
 import sys
 import tempfile
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tiktoken
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASET = 'tiny_char'
@@ -50,6 +52,16 @@ def run_script(script, *args, env=None, timeout=300):
     return subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
 
+
+def trace_card_preset(path):
+    """estimate_memory.py's warm-started trace of a config/*_<N>gb.py preset at its card (N GiB): (N, trace). A
+    function of this module so that a process pool can run it."""
+    import estimate_memory
+    from training.memory import estimate
+    torch.set_num_threads(1)
+    card_gb = int(re.search(r'_(\d+)gb\.py$', Path(path).name)[1])
+    config = estimate_memory.load_config([str(path), f'--gpu_memory_gb={card_gb}'])
+    return card_gb, estimate.trace(config, warm_start=True)
 
 
 def assert_same_losses(stdout, reference, kind, iterations):

@@ -5,9 +5,10 @@ import gc
 import importlib.util
 import io
 import json
-import re
+import multiprocessing
 import runpy
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from unittest import mock
 
 import pytest
@@ -15,7 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import estimate_memory
-from helpers import ROOT, write_char_dataset
+from helpers import ROOT, trace_card_preset, write_char_dataset
 from model import CHUNK_ELEMENTS, GPT, GPTConfig, VOCAB_BLOCK
 from training.checkpoint import save_checkpoint
 from training.errors import ConfigError
@@ -183,14 +184,20 @@ def test_resume_takes_the_model_from_the_checkpoint(tiny, tmp_path):
         em.trace({**config, 'out_dir': str(tmp_path / 'missing')})
 
 
+@pytest.fixture(scope='module')
+def card_preset_traces():
+    """{preset: future of helpers.trace_card_preset}, two at a time: a trace is single-threaded Python (FakeTensorMode
+    computes nothing), and each gpt2-xl preset's takes most of a minute. A failed trace fails its own test."""
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context('spawn')) as pool:
+        yield {path: pool.submit(trace_card_preset, path) for path in CARD_PRESETS}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('path', CARD_PRESETS, ids=lambda path: path.name)
-def test_card_presets_fit_their_card(path):
+def test_card_presets_fit_their_card(card_preset_traces, path):
     """Training and evaluation, with the allowance, within the card each preset is named for. Traced warm-started:
     the same peak (see test_warm_start_trace_has_the_same_peak_as_two_full_iterations) in half the time."""
-    card_gb = int(re.search(r'_(\d+)gb\.py$', path.name)[1])
-    config = estimate_memory.load_config([str(path), f'--gpu_memory_gb={card_gb}'])
-    result = em.trace(config, warm_start=True)
+    card_gb, result = card_preset_traces[path].result()
     train, evaluation = (em.total_bytes(result[phase]['peak_bytes']) for phase in ('train', 'eval'))
     assert train <= card_gb * GIB and evaluation <= card_gb * GIB
     assert train > result['train']['peak_bytes'] + em.CUDA_CONTEXT_BYTES
