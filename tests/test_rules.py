@@ -14,7 +14,7 @@ import configurator
 from helpers import ROOT
 from training import rules
 from training.device import peak_flops
-from training.errors import ConfigError
+from training.errors import ConfigError, fail
 from training.parallel import collective_failure
 from training.paths import check_writable_dir
 from training.schedule import cosine_lr
@@ -185,3 +185,14 @@ def test_fail_names_the_rank_where_the_error_is_the_ranks_own(rank, every_rank, 
     result = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                             env={**os.environ, 'RANK': rank, 'WORLD_SIZE': '2'})
     assert (result.returncode, result.stderr) == (2, printed)
+
+
+def test_an_error_line_is_one_write_so_ranks_sharing_stderr_do_not_interleave(monkeypatch):
+    """Unbuffered (PYTHONUNBUFFERED=1), each write of stderr is a write to the file torchrun's ranks share: print's
+    text and newline are two, and another rank's line could land between them ('error: rank 0: ...error: rank 1:')."""
+    writes = []
+    monkeypatch.setattr(sys, 'stderr', type('Unbuffered', (), {'write': lambda self, text: writes.append(text),
+                                                              'flush': lambda self: None})())
+    with pytest.raises(SystemExit):
+        fail('bad')
+    assert writes == ['error: bad\n']

@@ -19,6 +19,13 @@ def first_line(exc, limit=160):
     return line if len(line) <= limit else line[:limit - 3] + '...'
 
 
+def print_error(line):
+    """`line` and its newline on stderr in one write: torchrun's ranks share one stderr, and print's two writes (the
+    text, then the newline) interleave with another rank's line when the stream is unbuffered (PYTHONUNBUFFERED=1)."""
+    sys.stderr.write(line + '\n')
+    sys.stderr.flush()
+
+
 def fail(message, every_rank=False, secondary=False):
     """Print `error: message` on stderr and exit with status 2.
 
@@ -34,10 +41,9 @@ def fail(message, every_rank=False, secondary=False):
         time.sleep(OTHER_RANKS_WAIT)
         every_rank = True
     prefix = f'rank {rank}: ' if world_size > 1 and every_rank else ''
-    print(f'error: {prefix}{message}', file=sys.stderr)
+    print_error(f'error: {prefix}{message}')
     distributed = sys.modules.get('torch.distributed')  # not imported here: the prepare scripts need no torch
     if distributed is not None and distributed.is_available() and distributed.is_initialized():
         sys.stdout.flush()
-        sys.stderr.flush()
         os._exit(2)
     sys.exit(2)

@@ -6,7 +6,6 @@ answering or its launcher dies.
 """
 import inspect
 import os
-import sys
 import threading
 import time
 import traceback
@@ -20,7 +19,7 @@ except ImportError:
     from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed._tensor import DTensor, distribute_tensor
 
-from training.errors import ConfigError, first_line
+from training.errors import ConfigError, first_line, print_error
 
 PARALLELISMS = ('ddp', 'zero1', 'fsdp')
 
@@ -151,8 +150,8 @@ def exit_with_launcher(poll_seconds=2.0):
     def watch():
         while os.getppid() == launcher:
             time.sleep(poll_seconds)
-        print(f"error: rank {os.environ.get('RANK', 0)}: the torchrun launcher (pid {launcher}) is gone: stopping",
-              file=sys.stderr, flush=True)
+        rank = os.environ.get('RANK', 0)
+        print_error(f'error: rank {rank}: the torchrun launcher (pid {launcher}) is gone: stopping')
         os._exit(2)  # from a thread, sys.exit would end only the thread
 
     threading.Thread(target=watch, daemon=True, name='launcher-watch').start()
