@@ -341,6 +341,7 @@ def _scaled(x, factor, dtype):
     """x * factor, rounded once into `dtype`: no temporary of x's size in x's (fp32) dtype."""
     return torch.mul(x, factor, out=torch.empty(x.shape, dtype=dtype, device=x.device))
 
+
 def _softmax_chunk(logits, targets, valid, row_factors, need_grad, fold_scales):
     """One chunk's cross-entropy, eagerly. logits: (rows, V) fp32 (fp64) logits in base 2, overwritten; targets (0 on
     ignored rows), valid and row_factors: (rows, 1). Returns the (rows, 1) losses in bits (0 on ignored rows) and,
@@ -459,6 +460,7 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
         grad_weight.mul_(inv_count)
     loss = row_losses.mul_(LN2) if per_row else loss_sum * (inv_count * LN2)
     return loss, grad_hidden, grad_weight
+
 
 def _graph_is_kept():
     """Whether the running backward keeps the graph (retain_graph=True), so saved tensors are needed again.

@@ -78,6 +78,7 @@ def torchrun(*args, processes=2, env=None, timeout=300):
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
 
+
 def patched_env(directory, patch):
     """Environment for a subprocess (or every process torchrun starts) that runs Python source `patch` first: a
     sitecustomize.py in `directory`, on PYTHONPATH with the repository. For what no test can reach: a download, a
