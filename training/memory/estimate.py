@@ -91,7 +91,9 @@ def build(config, activation_checkpointing, mesh=None, device_type='cuda'):
             optim.warm_up(config['optim'])
         args, _ = model_args(config)
         default_dtype = torch.get_default_dtype()
-        torch.set_default_dtype(TORCH_DTYPES[config['weight_dtype']])  # train.py casts it: the same dtypes
+        # made in weight_dtype, as train.py casts it: model.to() would swap the fake parameters, which the tracer's
+        # weakrefs forbid
+        torch.set_default_dtype(TORCH_DTYPES[config['weight_dtype']])
         try:
             model = GPT(GPTConfig(**args))
         finally:
