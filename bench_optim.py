@@ -26,7 +26,7 @@ from model import GPT, GPTConfig
 from training import rules
 from training.device import TORCH_DTYPES
 from training.errors import ConfigError, fail
-from training.optim import build_optimizer, check_config, group_lr
+from training.optim import build_optimizer, check_config, group_lr, muon_matrices
 from training.schedule import cosine_lr
 
 # -----------------------------------------------------------------------------
@@ -140,8 +140,9 @@ def train(run, val_batches):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         seconds += time.perf_counter() - t0
-    matrices = [p for p in model.transformer.h.parameters() if p.dim() == 2] # what optim='muon' gives to Muon
-    rest = [p for p in model.parameters() if all(p is not q for q in matrices)]
+    matrices = muon_matrices(model)
+    in_muon = {id(p) for p in matrices}
+    rest = [p for p in model.parameters() if id(p) not in in_muon]
     return curve, seconds / max_iters, (state_bytes(optimizer, matrices), state_bytes(optimizer, rest))
 
 

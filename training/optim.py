@@ -298,11 +298,16 @@ def group_lr(group, lr, config):
     return lr * config['muon_learning_rate'] / config['learning_rate'] if group.get('muon') else lr
 
 
+def muon_matrices(model):
+    """The parameters optim='muon' gives to Muon: the transformer blocks' 2-D weight matrices. Muon is for hidden
+    layers' matrices, so the token embedding (also lm_head, tied) and the position embedding are not among them."""
+    return [p for p in model.transformer.h.parameters() if p.requires_grad and p.dim() == 2]
+
+
 def muon_param_groups(model, config):
-    """nanoGPT's parameter groups (2-D tensors decayed, the rest not) with the transformer blocks' 2-D weight matrices
-    taken out into a Muon group: Muon is for hidden layers' matrices, so the token embedding (also lm_head, tied) and
-    the position embedding stay with AdamW, at learning_rate, as do the LayerNorms and biases."""
-    matrices = [p for p in model.transformer.h.parameters() if p.requires_grad and p.dim() == 2]
+    """nanoGPT's parameter groups (2-D tensors decayed, the rest not) with muon_matrices taken out into a Muon group;
+    the embeddings stay with AdamW, at learning_rate, as do the LayerNorms and biases."""
+    matrices = muon_matrices(model)
     in_muon = {id(p) for p in matrices}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in in_muon]
     decay, no_decay = [p for p in rest if p.dim() >= 2], [p for p in rest if p.dim() < 2]
