@@ -24,9 +24,11 @@ import torch.nn.functional as F
 import configurator
 from model import GPTConfig, GPT, chunked_cross_entropy, default_chunk_size
 from training.device import TORCH_DTYPES, check_device, default_device, default_dtype, peak_flops
-from training.errors import ConfigError, first_line, fail
+from training.errors import ConfigError, fail, first_line, install_handler
 from training.memory.estimate import naive_cross_entropy
 from training.memory.tracer import MemoryTracer
+
+install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
 
 
 def torch_linear_cross_entropy():
@@ -80,28 +82,25 @@ dtype = default_dtype(device)
 compile = device == 'cuda' # torch.compile the model (train mode); loss mode: also time each method compiled
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
+config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
+device_type = check_device(config['device'], config['dtype'])
+if config['mode'] not in ('train', 'loss'):
+    raise ConfigError(f"unknown mode {config['mode']!r}: use 'train' or 'loss'")
 try:
-    config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
-    device_type = check_device(config['device'], config['dtype'])
-    if config['mode'] not in ('train', 'loss'):
-        raise ConfigError(f"unknown mode {config['mode']!r}: use 'train' or 'loss'")
-    try:
-        rows_list = [int(n) for n in config['loss_rows'].split(',')]
-        chunk_sizes = [int(c) for c in config['chunk_size'].split(',')]
-    except ValueError:
-        raise ConfigError(f"loss_rows and chunk_size take comma-separated integers, got "
-                          f"{config['loss_rows']!r} and {config['chunk_size']!r}") from None
-    loss_names = config['loss'].split(',')
-    for name in loss_names:
-        if name not in LOSSES:
-            raise ConfigError(f"unknown loss {name!r}: use {', '.join(LOSSES)}, comma-separated")
-        if LOSSES[name] is None:
-            raise ConfigError(f'loss=torch needs F.linear_cross_entropy with LinearCrossEntropyOptions, which torch '
-                              f'{torch.__version__} lacks')
-    if config['find_batch_size'] and device_type != 'cuda':
-        raise ConfigError('find_batch_size tries micro-batches until the GPU runs out of memory: it needs CUDA')
-except ConfigError as e:
-    fail(e)
+    rows_list = [int(n) for n in config['loss_rows'].split(',')]
+    chunk_sizes = [int(c) for c in config['chunk_size'].split(',')]
+except ValueError:
+    raise ConfigError(f"loss_rows and chunk_size take comma-separated integers, got "
+                      f"{config['loss_rows']!r} and {config['chunk_size']!r}") from None
+loss_names = config['loss'].split(',')
+for name in loss_names:
+    if name not in LOSSES:
+        raise ConfigError(f"unknown loss {name!r}: use {', '.join(LOSSES)}, comma-separated")
+    if LOSSES[name] is None:
+        raise ConfigError(f'loss=torch needs F.linear_cross_entropy with LinearCrossEntropyOptions, which torch '
+                          f'{torch.__version__} lacks')
+if config['find_batch_size'] and device_type != 'cuda':
+    raise ConfigError('find_batch_size tries micro-batches until the GPU runs out of memory: it needs CUDA')
 globals().update(config)
 # -----------------------------------------------------------------------------
 

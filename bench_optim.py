@@ -25,9 +25,11 @@ import configurator
 from model import GPT, GPTConfig
 from training import rules
 from training.device import TORCH_DTYPES
-from training.errors import ConfigError, fail
+from training.errors import ConfigError, install_handler
 from training.optim import build_optimizer, check_config, group_lr, muon_matrices
 from training.schedule import cosine_lr
+
+install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
 
 # -----------------------------------------------------------------------------
 runs = 'adamw,muon' # comma-separated names of RUNS to compare
@@ -64,18 +66,15 @@ RUNS = {'adamw': {'optim': 'adamw'}, 'muon': {'optim': 'muon'},
         'bf16_nearest': {'optim': 'adamw', 'weight_dtype': 'bfloat16', 'nearest': True},
         'autocast_cache': {'optim': 'adamw', 'autocast_cache': True}}  # the same losses: its cost is the time
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
-try:
-    config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
-    names = config['runs'].split(',')
-    config.update(optimizer_in_backward=False, parallelism='ddp', weight_dtype='float32') # one process, standard step
-    for name in names:
-        if name not in RUNS:
-            raise ConfigError(f"unknown run {name!r}: use some of {', '.join(RUNS)}")
-        check_config({**config, **RUNS[name]}, 1)
-    rules.check_dataset(config)
-    vocab_size = rules.meta_vocab_size(config) or rules.DEFAULT_VOCAB_SIZE
-except ConfigError as e:
-    fail(e)
+config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
+names = config['runs'].split(',')
+config.update(optimizer_in_backward=False, parallelism='ddp', weight_dtype='float32') # one process, standard step
+for name in names:
+    if name not in RUNS:
+        raise ConfigError(f"unknown run {name!r}: use some of {', '.join(RUNS)}")
+    check_config({**config, **RUNS[name]}, 1)
+rules.check_dataset(config)
+vocab_size = rules.meta_vocab_size(config) or rules.DEFAULT_VOCAB_SIZE
 globals().update(config)
 # -----------------------------------------------------------------------------
 

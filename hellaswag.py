@@ -17,8 +17,10 @@ from model import GPT
 from prepare.common import get_encoding
 from training.checkpoint import load_model
 from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
-from training.errors import ConfigError, fail
+from training.errors import fail, install_handler
 from training.hellaswag import GPT2_VOCAB_SIZE, cached_val_file, evaluate, read_examples
+
+install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
 
 # -----------------------------------------------------------------------------
 defaults = dict(
@@ -31,11 +33,8 @@ defaults = dict(
     dtype=default_dtype(default_device()), # 'float32' or 'bfloat16' or 'float16', as train.py's default
     compile=False, # use PyTorch 2.0 to compile the model to be faster
 )
-try:
-    config = configurator.load_config(defaults, sys.argv[1:])
-    device_type = check_device(config['device'], config['dtype'])
-except ConfigError as e:
-    fail(e)
+config = configurator.load_config(defaults, sys.argv[1:])
+device_type = check_device(config['device'], config['dtype'])
 globals().update(config)
 if max_examples < 0:
     fail(f'max_examples must be 0 (all) or positive, got {max_examples}')
@@ -46,30 +45,21 @@ if init_from != 'resume' and init_from not in GPT.PRETRAINED_ARGS:
 # -----------------------------------------------------------------------------
 
 # the data first: its errors show before any weights are loaded
-try:
-    examples = read_examples(data_path or cached_val_file(), max_examples)
-except ConfigError as e:
-    fail(e)
+examples = read_examples(data_path or cached_val_file(), max_examples)
 
 ptdtype = TORCH_DTYPES[dtype]
 ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 
 # model: from a checkpoint in out_dir, or OpenAI's GPT-2 weights, as sample.py loads them
-try:
-    model, _ = load_model(init_from, out_dir, device)
-except ConfigError as e:
-    fail(e)
+model, _ = load_model(init_from, out_dir, device)
 if model.config.vocab_size < GPT2_VOCAB_SIZE:
     fail(f"the model's vocab_size is {model.config.vocab_size}: HellaSwag is scored with GPT-2's BPE "
          f"({GPT2_VOCAB_SIZE} tokens), so it needs a model trained on GPT-2 tokens, not on characters")
 if compile:
     model = torch.compile(model) # requires PyTorch 2.0 (optional)
 
-try:
-    enc = get_encoding('gpt2')
-    result = evaluate(model, examples, enc, device, ctx, batch_size, progress=True)
-except ConfigError as e:
-    fail(e)
+enc = get_encoding('gpt2')
+result = evaluate(model, examples, enc, device, ctx, batch_size, progress=True)
 n = result['n']
 print(f"hellaswag: {n} examples, acc {result['acc']:.4f} ({result['correct']}/{n}), "
       f"acc_norm {result['acc_norm']:.4f} ({result['correct_norm']}/{n})")

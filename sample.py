@@ -17,7 +17,9 @@ import configurator
 from prepare.common import get_encoding
 from training.checkpoint import load_model
 from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
-from training.errors import ConfigError, fail, first_line
+from training.errors import fail, first_line, install_handler
+
+install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
 
 # -----------------------------------------------------------------------------
 defaults = dict(
@@ -33,11 +35,8 @@ defaults = dict(
     dtype=default_dtype(default_device()), # 'float32' or 'bfloat16' or 'float16', as train.py's default
     compile=False, # use PyTorch 2.0 to compile the model to be faster
 )
-try:
-    config = configurator.load_config(defaults, sys.argv[1:])
-    device_type = check_device(config['device'], config['dtype'])
-except ConfigError as e:
-    fail(e)
+config = configurator.load_config(defaults, sys.argv[1:])
+device_type = check_device(config['device'], config['dtype'])
 globals().update(config)
 if temperature <= 0:
     fail(f'temperature must be positive, got {temperature}: lower values sample more greedily')
@@ -54,10 +53,7 @@ ptdtype = TORCH_DTYPES[dtype]
 ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 
 # model: from a checkpoint in out_dir, or OpenAI's GPT-2 weights
-try:
-    model, train_config = load_model(init_from, out_dir, device)
-except ConfigError as e:
-    fail(e)
+model, train_config = load_model(init_from, out_dir, device)
 if compile:
     model = torch.compile(model) # requires PyTorch 2.0 (optional)
 
@@ -92,10 +88,7 @@ else:
              f"({meta_path or 'none recorded'}) is not there: prepare that dataset again")
     # ok let's assume gpt-2 encodings by default
     print("No meta.pkl found, assuming GPT-2 encodings...")
-    try:
-        enc = get_encoding('gpt2')
-    except ConfigError as e:
-        fail(e)
+    enc = get_encoding('gpt2')
     encode = lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})
     decode = lambda l: enc.decode(l)
 

@@ -45,17 +45,18 @@ from model import GPTConfig, GPT
 from prepare.common import get_encoding
 from training import rules
 from training.checkpoint import (checkpoint_path, load_checkpoint, load_model_state, pretrained_model,
-                                 save_checkpoint)
+                                 restore_training_state, save_checkpoint)
 from training.device import TORCH_DTYPES, check_device, peak_flops
-from training.errors import ConfigError, fail, first_line
+from training.errors import fail, first_line, install_handler, on_error
 from training.hellaswag import cached_val_file, evaluate, read_examples
 from training.memory.advice import cuda_memory_stats, oom_advice
 from training.optim import build_optimizer, group_lr
 from training.paths import check_writable_dir
 from training.parallel import (collective_failure, exit_with_launcher, fsdp_param_dtype, full_state_dicts,
-                               load_optimizer_state, set_gradient_sync, shard_model, shard_optimizer_state)
+                               set_gradient_sync, shard_model, shard_optimizer_state)
 from training.schedule import cosine_lr
 
+install_handler() # bad input, found anywhere below, ends the run with one line and exit status 2 (training/errors.py)
 if int(os.environ.get('RANK', 0)) != 0:
     sys.stdout = open(os.devnull, 'w') # under torchrun rank 0 prints for all: the same config, model and log lines
 
@@ -129,16 +130,13 @@ ddp_local_rank = int(os.environ['LOCAL_RANK']) if ddp else 0
 ddp_world_size = int(os.environ['WORLD_SIZE']) if ddp else 1
 master_process = ddp_rank == 0 # this process will do logging, checkpointing etc.
 # everything is checked before anything is created or written: bad input fails here, with one line
-try:
-    config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
-    device_type = check_device(config['device'], config['dtype'])
-    rules.check_config(config, ddp_world_size, device_type)
-    check_writable_dir(config['out_dir'])
-    rules.check_dataset(config)
-    meta_vocab_size = rules.meta_vocab_size(config)
-except ConfigError as e:
-    fail(e)
-globals().update(config)
+config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
+device_type = check_device(config['device'], config['dtype'])
+rules.check_config(config, ddp_world_size, device_type)
+check_writable_dir(config['out_dir'])
+rules.check_dataset(config)
+meta_vocab_size = rules.meta_vocab_size(config)
+globals().update(config) # will be useful for logging
 # -----------------------------------------------------------------------------
 
 if meta_vocab_size is not None:
@@ -155,14 +153,12 @@ if ddp and device_type == 'cuda':
     torch.cuda.set_device(device)
 if auto_batch_size: # the largest micro-batch that estimate_memory.py finds to fit this card, same tokens per step
     from training.memory.estimate import pick_batch_size # before the process group: its trace makes one of its own
-    try:
-        batch_size, gradient_accumulation_steps = pick_batch_size(dict(config, world_size=ddp_world_size),
-                                                                  torch.cuda.mem_get_info(device)[0])
-    except ConfigError as e:
-        fail(e)
+    batch_size, gradient_accumulation_steps = pick_batch_size(dict(config, world_size=ddp_world_size),
+                                                              torch.cuda.mem_get_info(device)[0])
 if ddp: # before the model: zero1's optimizer and fsdp's sharding need the process group
     dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
     exit_with_launcher() # should torchrun itself be killed, its workers must not train on
+    on_error(RuntimeError, lambda e: collective_failure(e, timeout)) # another process stopped answering: one line
 if auto_batch_size:
     if ddp: # the ranks' free memory can differ a little: all take the master's choice
         choice = [batch_size, gradient_accumulation_steps]
@@ -175,8 +171,7 @@ seed_offset = ddp_rank # each process gets a different seed
 # down the desired gradient accumulation iterations per process proportionally
 gradient_accumulation_steps //= ddp_world_size
 tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * block_size
-if master_process:
-    print(f"tokens per iteration will be: {tokens_per_iter:,}")
+print(f"tokens per iteration will be: {tokens_per_iter:,}")
 
 torch.manual_seed(seed) # the same initial weights on every rank: fsdp keeps each rank's own shard of them
 if device_type == 'cuda': # allow tf32 on matmul and cudnn (torch 2.9 renamed allow_tf32 to fp32_precision)
@@ -224,42 +219,28 @@ if init_from == 'scratch':
         print("defaulting to vocab_size of GPT-2 to 50304 (50257 rounded up for efficiency)")
 elif init_from == 'resume':
     print(f"Resuming training from {out_dir}")
-    try:
-        # on the CPU: the GPU never holds the checkpoint beside the model and optimizer state it is loaded into
-        checkpoint = load_checkpoint(out_dir, 'cpu', required=('optimizer', 'iter_num', 'best_val_loss'))
-    except ConfigError as e:
-        fail(e)
+    # on the CPU: the GPU never holds the checkpoint beside the model and optimizer state it is loaded into
+    checkpoint = load_checkpoint(out_dir, 'cpu', required=('optimizer', 'iter_num', 'best_val_loss'))
 else:
     print(f"Initializing from OpenAI GPT-2 weights: {init_from}")
-try: # the shape is the checkpoint's or OpenAI's, only dropout as configured; block_size and meta.pkl must fit it
-    model_args, crop = rules.model_args(config, meta_vocab_size, checkpoint and checkpoint['model_args'])
-except ConfigError as e:
-    fail(e)
+# the shape is the checkpoint's or OpenAI's, only dropout as configured; block_size and meta.pkl must fit it
+model_args, crop = rules.model_args(config, meta_vocab_size, checkpoint and checkpoint['model_args'])
 if hellaswag: # its data and tokenizer before the weights: a missing file fails early; the master downloads, once
-    try:
-        hellaswag_dir = os.path.join(data_dir, 'hellaswag')
-        if master_process:
-            cached_val_file(hellaswag_dir)
-        if ddp:
-            dist.barrier()
-        hellaswag_set = read_examples(cached_val_file(hellaswag_dir), hellaswag_examples)
-        enc = get_encoding('gpt2')
-    except ConfigError as e:
-        fail(e)
+    hellaswag_dir = os.path.join(data_dir, 'hellaswag')
+    if master_process:
+        cached_val_file(hellaswag_dir)
+    if ddp:
+        dist.barrier()
+    hellaswag_set = read_examples(cached_val_file(hellaswag_dir), hellaswag_examples)
+    enc = get_encoding('gpt2')
 if init_from in GPT.PRETRAINED_ARGS:
-    try:
-        model = pretrained_model(init_from, dropout) # only dropout can be overridden
-    except ConfigError as e:
-        fail(e)
+    model = pretrained_model(init_from, dropout) # only dropout can be overridden
     if crop is not None: # crop down the model block size if desired, using model surgery
         model.crop_block_size(crop)
 else:
     model = GPT(GPTConfig(**model_args))
     if checkpoint is not None:
-        try:
-            load_model_state(model, checkpoint, out_dir)
-        except ConfigError as e:
-            fail(e)
+        load_model_state(model, checkpoint, out_dir)
         iter_num = checkpoint['iter_num']
         best_val_loss = float(checkpoint['best_val_loss'])
 model.activation_checkpointing = activation_checkpointing
@@ -278,25 +259,8 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 optimizer = build_optimizer(model, config, device_type)
 if ddp and parallelism == 'zero1':
     optimizer = shard_optimizer_state(optimizer) # each rank keeps and steps the AdamW state of its share
-if checkpoint is not None:
-    saved_optim = (checkpoint.get('config') or {}).get('optim', 'adamw') # nanoGPT's checkpoints: torch's AdamW
-    if saved_optim != optim:
-        fail(f"{checkpoint_path(out_dir)} holds the state of optim={saved_optim!r}, not optim={optim!r}: resume with "
-             f"--optim={saved_optim}")
-    load_optimizer_state(optimizer, checkpoint['optimizer']) # split as this run's parallelism and world size want
-    if checkpoint.get('scaler'): # empty when saved with the scaler disabled
-        scaler.load_state_dict(checkpoint['scaler'])
-    saved_rng_states = checkpoint.get('rng_states')
-    if saved_rng_states is not None and len(saved_rng_states) == ddp_world_size:
-        torch.set_rng_state(saved_rng_states[ddp_rank]['torch'].cpu())
-        if device_type == 'cuda' and saved_rng_states[ddp_rank]['cuda'] is not None:
-            torch.cuda.set_rng_state(saved_rng_states[ddp_rank]['cuda'].cpu(), device)
-    elif saved_rng_states is None and master_process:
-        print(f"note: {checkpoint_path(out_dir)} has no RNG or GradScaler state (written by nanoGPT?): resuming "
-              f"without them, so the losses will not repeat the original run's exactly")
-    elif master_process:
-        print(f"note: {checkpoint_path(out_dir)} holds the RNG states of {len(saved_rng_states)} processes, this run "
-              f"has {ddp_world_size}: dropout randomness restarts from the seed")
+if init_from == 'resume': # the optimizer's and GradScaler's state, and each rank's RNG, for an exact resume
+    restore_training_state(checkpoint, optimizer, scaler, config, ddp_rank, ddp_world_size, device)
 checkpoint = None # free up memory
 
 # compile the model
@@ -325,7 +289,7 @@ def estimate_loss(it):
         for start in range(ddp_rank * share, (ddp_rank + 1) * share, rows):
             X, Y = windows(data, offsets[start:min(start + rows, (ddp_rank + 1) * share)])
             with ctx:
-                _, loss = model(X, Y)
+                logits, loss = model(X, Y)
             loss_sum += loss.float() * len(X) # every window has block_size targets: weight by rows
         if ddp:
             dist.all_reduce(loss_sum)
@@ -388,126 +352,119 @@ running_mfu = -1.0
 if device_type == 'cuda':
     torch.cuda.reset_peak_memory_stats(device)
     fixed_memory = torch.cuda.memory_allocated(device) # weights (and resumed optimizer state): what the batch is not
-try:
-    while True:
 
-        # determine and set the learning rate for this iteration
-        lr = cosine_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters) if decay_lr else learning_rate
-        for param_group in optimizer.param_groups:
-            param_group['lr'] = group_lr(param_group, lr, config) # optim='muon': its groups' lr in proportion
-
-        # evaluate the loss on train/val sets and write checkpoints
-        if iter_num % eval_interval == 0 or eval_only:
-            rng_states = rng_states_of_all_ranks() # collectives from here on: every rank takes part, the master saves
-            losses = estimate_loss(iter_num) # the same on every rank, so every rank takes the same decisions below
-            for split, value in losses.items():
-                if not math.isfinite(value):
-                    fail_not_finite(f'the {split} loss', value)
-            scores = hellaswag_scores() if hellaswag else {}
-            if master_process:
-                print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                if scores: # a line of its own: scripts parse the step line as nanoGPT prints it
-                    print(f"hellaswag {iter_num}: acc {scores['acc']:.4f}, acc_norm {scores['acc_norm']:.4f} "
-                          f"({scores['n']} examples)")
-                if wandb_log:
-                    wandb.log({
-                        "iter": iter_num,
-                        "train/loss": losses['train'],
-                        "val/loss": losses['val'],
-                        "lr": lr,
-                        **({"mfu": running_mfu*100} if running_mfu >= 0 else {}), # convert to percentage
-                        **{f"hellaswag/{name}": scores[name] for name in ('acc', 'acc_norm') if scores},
-                    })
-            if (losses['val'] < best_val_loss or always_save_checkpoint) and not eval_only:
-                best_val_loss = losses['val']
-                if iter_num > 0:
-                    # full tensors for the master whatever the parallelism, so any mode and world size can resume
-                    model_state, optimizer_state = full_state_dicts(raw_model, optimizer, master_process)
-                    if master_process:
-                        print(f"saving checkpoint to {out_dir}")
-                        save_checkpoint({
-                            'model': model_state,
-                            'optimizer': optimizer_state,
-                            'model_args': model_args,
-                            'iter_num': iter_num,
-                            'best_val_loss': best_val_loss,
-                            'config': config,
-                            'scaler': scaler.state_dict(),
-                            'rng_states': rng_states,
-                        }, out_dir)
-                    model_state = optimizer_state = None # free the gathered copies before training goes on
-        if eval_only:
-            break
-
-        # forward backward update, with optional gradient accumulation to simulate larger batch size
-        # and using the GradScaler if data type is float16
-        loss_sum = torch.zeros((), device=device) # the step's mean micro-batch loss, kept on the device: no sync
-        for micro_step in range(gradient_accumulation_steps):
-            if ddp: # sync gradients at the last micro step only
-                set_gradient_sync(raw_model if parallelism == 'fsdp' else model, parallelism,
-                                  micro_step == gradient_accumulation_steps - 1)
-            with ctx:
-                _, loss = model(X, Y) # the model never builds the logits when given targets
-                loss = loss / gradient_accumulation_steps # scale the loss to account for gradient accumulation
-            loss_sum += loss.detach()
-            # immediately async prefetch next batch while model is doing the forward pass on the GPU
-            last = micro_step == gradient_accumulation_steps - 1
-            X, Y = train_batch(iter_num + 1, 0) if last else train_batch(iter_num, micro_step + 1)
-            # backward pass, with gradient scaling if training in fp16
-            scaler.scale(loss).backward()
-        # clip the gradient
-        if grad_clip != 0.0:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        # step the optimizer and scaler if training in fp16 (optimizer_in_backward: done in backward, nothing left)
-        scaler.step(optimizer)
-        scaler.update()
-        # flush the gradients as soon as we can, no need for this memory anymore
-        optimizer.zero_grad(set_to_none=True)
-
-        # timing and logging
-        t1 = time.time()
-        dt = t1 - t0
-        t0 = t1
-        if iter_num % log_interval == 0:
-            if ddp:
-                dist.all_reduce(loss_sum) # every rank's share, so the logged loss covers the whole batch
-            lossf = loss_sum.item() / ddp_world_size # a CPU-GPU sync point
-            if not math.isfinite(lossf):
-                fail_not_finite('the training loss', lossf)
-            if master_process:
-                if local_iter_num >= 5 and device_peak is not None: # let the training loop settle a bit
-                    mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, device_peak[0])
-                    running_mfu = mfu if running_mfu == -1.0 else 0.9*running_mfu + 0.1*mfu
-                seconds_per_iter = (t1 - t_start) / (local_iter_num + 1)
-                eta = datetime.timedelta(seconds=round(max(max_iters - iter_num, 0) * seconds_per_iter))
-                memory = (f", peak mem {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
-                          if device_type == 'cuda' else '')
-                mfu_text = f", mfu {running_mfu*100:.2f}%" if running_mfu >= 0 else '' # once measured
-                print(f"iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms{mfu_text}, "
-                      f"{tokens_per_iter / dt:,.0f} tok/s, eta {eta}{memory}")
-        iter_num += 1
-        local_iter_num += 1
-
-        # termination conditions
-        if iter_num > max_iters:
-            break
-    if ddp:
-        dist.barrier() # no rank tears its process group down while another still has a collective in flight
-except torch.OutOfMemoryError:
+def oom_message(e):
+    """An out-of-memory error ends the run with what ran out, at what micro-batch, and the next step to take."""
     stats = cuda_memory_stats(device) if device_type == 'cuda' else None
     phase, rows = ('training', batch_size) if raw_model.training else ('evaluation', eval_batch_size or batch_size)
-    fail(oom_advice(phase, rows, gradient_accumulation_steps * ddp_world_size, ddp_world_size,
-                    activation_checkpointing, stats, fixed_memory if stats else 0), every_rank=True)
-except ConfigError as e: # a save that failed, e.g. on a full disk: the last good ckpt.pt is intact
-    fail(e)
-except RuntimeError as e: # another process stopped answering: say which collective waited, once a rank
-    failure = collective_failure(e, timeout) if ddp else None
-    if failure is None:
-        raise
-    message, secondary = failure
-    fail(message, every_rank=True, secondary=secondary)
+    return oom_advice(phase, rows, gradient_accumulation_steps * ddp_world_size, ddp_world_size,
+                      activation_checkpointing, stats, fixed_memory if stats else 0), dict(every_rank=True)
+on_error(torch.OutOfMemoryError, oom_message)
 
+while True:
+
+    # determine and set the learning rate for this iteration
+    lr = cosine_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters) if decay_lr else learning_rate
+    for param_group in optimizer.param_groups:
+        param_group['lr'] = group_lr(param_group, lr, config) # optim='muon': its groups' lr in proportion
+
+    # evaluate the loss on train/val sets and write checkpoints
+    if iter_num % eval_interval == 0 or eval_only:
+        rng_states = rng_states_of_all_ranks() # collectives from here on: every rank takes part, the master saves
+        losses = estimate_loss(iter_num) # the same on every rank, so every rank takes the same decisions below
+        for split, value in losses.items():
+            if not math.isfinite(value):
+                fail_not_finite(f'the {split} loss', value)
+        scores = hellaswag_scores() if hellaswag else {}
+        if master_process:
+            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            if scores: # a line of its own: scripts parse the step line as nanoGPT prints it
+                print(f"hellaswag {iter_num}: acc {scores['acc']:.4f}, acc_norm {scores['acc_norm']:.4f} "
+                      f"({scores['n']} examples)")
+            if wandb_log:
+                wandb.log({
+                    "iter": iter_num,
+                    "train/loss": losses['train'],
+                    "val/loss": losses['val'],
+                    "lr": lr,
+                    **({"mfu": running_mfu*100} if running_mfu >= 0 else {}), # convert to percentage
+                    **{f"hellaswag/{name}": scores[name] for name in ('acc', 'acc_norm') if scores},
+                })
+        if (losses['val'] < best_val_loss or always_save_checkpoint) and not eval_only:
+            best_val_loss = losses['val']
+            if iter_num > 0:
+                # full tensors for the master whatever the parallelism, so any mode and world size can resume
+                model_state, optimizer_state = full_state_dicts(raw_model, optimizer, master_process)
+                if master_process:
+                    print(f"saving checkpoint to {out_dir}")
+                    save_checkpoint({
+                        'model': model_state,
+                        'optimizer': optimizer_state,
+                        'model_args': model_args,
+                        'iter_num': iter_num,
+                        'best_val_loss': best_val_loss,
+                        'config': config,
+                        'scaler': scaler.state_dict(),
+                        'rng_states': rng_states,
+                    }, out_dir)
+                model_state = optimizer_state = None # free the gathered copies before training goes on
+    if eval_only:
+        break
+
+    # forward backward update, with optional gradient accumulation to simulate larger batch size
+    # and using the GradScaler if data type is float16
+    loss_sum = torch.zeros((), device=device) # the step's mean micro-batch loss, kept on the device: no sync
+    for micro_step in range(gradient_accumulation_steps):
+        if ddp: # sync gradients at the last micro step only
+            set_gradient_sync(raw_model if parallelism == 'fsdp' else model, parallelism,
+                              micro_step == gradient_accumulation_steps - 1)
+        with ctx:
+            logits, loss = model(X, Y) # logits is None: the model never builds them when given targets
+            loss = loss / gradient_accumulation_steps # scale the loss to account for gradient accumulation
+        loss_sum += loss.detach()
+        # immediately async prefetch next batch while model is doing the forward pass on the GPU
+        last = micro_step == gradient_accumulation_steps - 1
+        X, Y = train_batch(iter_num + 1, 0) if last else train_batch(iter_num, micro_step + 1)
+        # backward pass, with gradient scaling if training in fp16
+        scaler.scale(loss).backward()
+    # clip the gradient
+    if grad_clip != 0.0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    # step the optimizer and scaler if training in fp16 (optimizer_in_backward: done in backward, nothing left)
+    scaler.step(optimizer)
+    scaler.update()
+    # flush the gradients as soon as we can, no need for this memory anymore
+    optimizer.zero_grad(set_to_none=True)
+
+    # timing and logging
+    t1 = time.time()
+    dt = t1 - t0
+    t0 = t1
+    if iter_num % log_interval == 0:
+        if ddp:
+            dist.all_reduce(loss_sum) # every rank's share, so the logged loss covers the whole batch
+        lossf = loss_sum.item() / ddp_world_size # a CPU-GPU sync point
+        if not math.isfinite(lossf):
+            fail_not_finite('the training loss', lossf)
+        if local_iter_num >= 5 and device_peak is not None: # let the training loop settle a bit
+            mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, device_peak[0])
+            running_mfu = mfu if running_mfu == -1.0 else 0.9*running_mfu + 0.1*mfu
+        seconds_per_iter = (t1 - t_start) / (local_iter_num + 1)
+        eta = datetime.timedelta(seconds=round(max(max_iters - iter_num, 0) * seconds_per_iter))
+        memory = (f", peak mem {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
+                  if device_type == 'cuda' else '')
+        mfu_text = f", mfu {running_mfu*100:.2f}%" if running_mfu >= 0 else '' # once measured
+        print(f"iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms{mfu_text}, "
+              f"{tokens_per_iter / dt:,.0f} tok/s, eta {eta}{memory}") # rank 0 prints: the others' stdout is devnull
+    iter_num += 1
+    local_iter_num += 1
+
+    # termination conditions
+    if iter_num > max_iters:
+        break
+if ddp:
+    dist.barrier() # no rank tears its process group down while another still has a collective in flight
 if ddp:
     # The models and the optimizer hold the process group (DDP's and fsdp's hooks, ZeRO): freed first, it is destroyed
     # here, its gloo threads joined while Python is alive. Left to interpreter exit, a thread still releasing a

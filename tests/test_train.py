@@ -302,9 +302,11 @@ def not_applicable(name):
 
 
 # Runs train.py once per case inside one Python process, as `python train.py ...` would (a fresh __main__ each
-# time, stdout and stderr captured, the exit status from SystemExit), so torch is imported once, not per case.
+# time, stdout and stderr captured, the exit status from SystemExit or the error handler), so torch is imported once,
+# not per case.
 DRIVER = """
 import contextlib, io, json, os, runpy, sys, traceback
+from training import errors
 results = []
 for argv, env in json.loads(sys.argv[1]):
     saved_env = dict(os.environ)
@@ -316,9 +318,10 @@ for argv, env in json.loads(sys.argv[1]):
             runpy.run_path('train.py', run_name='__main__')
         except SystemExit as e:
             status = e.code if isinstance(e.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-            status = 1
+        except BaseException as e: # what the excepthook of training.errors.install_handler does, short of exiting
+            status = 2 if errors.report_failure(e) else 1
+            if status == 1:
+                traceback.print_exc()
     os.environ.clear()
     os.environ.update(saved_env)
     results.append((status, stderr.getvalue()))

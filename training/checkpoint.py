@@ -12,6 +12,7 @@ import torch
 
 from model import GPT, GPTConfig
 from training.errors import ConfigError, first_line
+from training.parallel import load_optimizer_state
 
 CKPT_NAME = 'ckpt.pt'
 # a save writes .ckpt.pt.<pid>.tmp first: the pid tells a later save whether the writer of a leftover still runs
@@ -105,6 +106,30 @@ def load_model_state(model, checkpoint, out_dir):
     except RuntimeError as e:
         raise CheckpointError(f'{checkpoint_path(out_dir)} does not match its model_args '
                               f"({first_line(' '.join(str(e).split()), limit=240)})") from None
+
+
+def restore_training_state(checkpoint, optimizer, scaler, config, rank, world_size, device):
+    """Resume what the weights alone do not hold: the optimizer's state (split as this run's parallelism and world
+    size want), the GradScaler's, and this rank's RNG state where the checkpoint has one for each rank."""
+    path = checkpoint_path(config['out_dir'])
+    saved_optim = (checkpoint.get('config') or {}).get('optim', 'adamw')  # nanoGPT's checkpoints: torch's AdamW
+    if saved_optim != config['optim']:
+        raise CheckpointError(f"{path} holds the state of optim={saved_optim!r}, not optim={config['optim']!r}: "
+                              f"resume with --optim={saved_optim}")
+    load_optimizer_state(optimizer, checkpoint['optimizer'])
+    if checkpoint.get('scaler'):  # empty when saved with the scaler disabled
+        scaler.load_state_dict(checkpoint['scaler'])
+    saved_rng_states = checkpoint.get('rng_states')
+    if saved_rng_states is not None and len(saved_rng_states) == world_size:
+        torch.set_rng_state(saved_rng_states[rank]['torch'].cpu())
+        if torch.device(device).type == 'cuda' and saved_rng_states[rank]['cuda'] is not None:
+            torch.cuda.set_rng_state(saved_rng_states[rank]['cuda'].cpu(), device)
+    elif rank == 0 and saved_rng_states is None:
+        print(f"note: {path} has no RNG or GradScaler state (written by nanoGPT?): resuming without them, so the "
+              f"losses will not repeat the original run's exactly")
+    elif rank == 0:
+        print(f"note: {path} holds the RNG states of {len(saved_rng_states)} processes, this run has {world_size}: "
+              f"dropout randomness restarts from the seed")
 
 
 def pretrained_model(init_from, dropout=0.0):

@@ -1,5 +1,7 @@
-"""The one way bad input is reported: a ConfigError whose message is one line naming the key, file or value and the
-fix, and fail(), which prints it and exits with status 2, without a traceback."""
+"""The one way errors reach the user: one line naming the key, file or value and the fix, on stderr, and exit status
+2, without a traceback. A script calls install_handler() once; from then on an uncaught ConfigError ends it that way,
+and so does any exception a handler registered with on_error() describes. fail() does the same from a line of code."""
+import atexit
 import os
 import sys
 import time
@@ -27,23 +29,76 @@ def print_error(line):
 
 
 def fail(message, every_rank=False, secondary=False):
-    """Print `error: message` on stderr and exit with status 2.
+    """Print `error: message` on stderr (see report) and exit with status 2. Once a process group exists, the process
+    exits at once (os._exit): other ranks' collectives may be in flight, and the interpreter's teardown would wait on
+    them or abort on gloo's threads."""
+    report(message, every_rank, secondary)
+    if _distributed_is_initialized():
+        _exit_now()
+    sys.exit(2)
+
+
+def report(message, every_rank=False, secondary=False):
+    """Print `error: message` on stderr, once for all ranks where they share the error.
 
     Under torchrun every rank runs the same checks and would print the same line: rank 0 prints it for all. Another
     rank waits first, for torchrun to stop it once rank 0 has failed the same way; if it is still running then, the
     error was its own, and it prints it with its rank, as it does at once with every_rank (a failure of this rank's
     own, such as an out-of-memory error). A secondary error, the consequence of another rank's failure (its
-    connection closed), waits on every rank: the rank that failed first says why. Once a process group exists, the
-    process exits at once (os._exit): other ranks' collectives may be in flight, and the interpreter's teardown would
-    wait on them or abort on gloo's threads."""
+    connection closed), waits on every rank: the rank that failed first says why."""
     rank, world_size = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
     if secondary or (rank != 0 and not every_rank):
         time.sleep(OTHER_RANKS_WAIT)
         every_rank = True
     prefix = f'rank {rank}: ' if world_size > 1 and every_rank else ''
     print_error(f'error: {prefix}{message}')
+
+
+def _distributed_is_initialized():
     distributed = sys.modules.get('torch.distributed')  # not imported here: the prepare scripts need no torch
-    if distributed is not None and distributed.is_available() and distributed.is_initialized():
-        sys.stdout.flush()
-        os._exit(2)
-    sys.exit(2)
+    return distributed is not None and distributed.is_available() and distributed.is_initialized()
+
+
+def _exit_now(status=2):
+    """Exit at once with `status`, from anywhere, even an excepthook (where SystemExit is not honoured). Without a
+    process group the atexit functions run first (wandb, tqdm); with one they are skipped, as fail() explains."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if not _distributed_is_initialized():
+        atexit._run_exitfuncs()
+    os._exit(status)
+
+
+# (exception type, describe) pairs, the newest last; describe(e) gives the message, or (message, report's options),
+# or None for an exception it does not explain, whose traceback is shown as usual
+_handlers = []
+
+
+def on_error(exc_type, describe):
+    """From now on, an uncaught `exc_type` that describe(e) explains ends the script with that one line, as fail()."""
+    _handlers.append((exc_type, describe))
+
+
+def report_failure(exc):
+    """Print the one line of the newest handler that explains `exc`, and say whether one did."""
+    for exc_type, describe in reversed(_handlers):
+        if isinstance(exc, exc_type):
+            failure = describe(exc)
+            if failure is not None:
+                message, options = (failure, {}) if isinstance(failure, str) else failure
+                report(message, **options)
+                return True
+    return False
+
+
+def install_handler():
+    """The script's one error path: uncaught ConfigErrors (and what on_error registers later) end it with one line
+    and status 2; anything else keeps its traceback. Handlers of an earlier install in this process are dropped."""
+    _handlers[:] = [(ConfigError, str)]
+
+    def excepthook(exc_type, exc, tb):
+        if report_failure(exc):
+            _exit_now()
+        sys.__excepthook__(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
