@@ -162,7 +162,8 @@ if auto_batch_size: # the largest micro-batch that estimate_memory.py finds to f
         fail(e)
 memory_estimate = None # estimate_memory.py's estimate of the GPU memory, for wandb's run config; none off CUDA
 if wandb_log and master_process and device_type == 'cuda':
-    # a trace on the CPU: seconds, a minute for GPT-2 XL; before the process group, as it makes a fake one of its own
+    # costs a trace on the CPU before training starts (docs/wandb.md: how long); before the process group, as the
+    # trace makes a fake one of its own
     from training.memory.estimate import run_summary
     memory_estimate = run_summary(dict(config, batch_size=batch_size, world_size=ddp_world_size,
                                        gradient_accumulation_steps=gradient_accumulation_steps),
