@@ -155,6 +155,14 @@ if auto_batch_size: # the largest micro-batch that estimate_memory.py finds to f
     from training.memory.estimate import pick_batch_size # before the process group: its trace makes one of its own
     batch_size, gradient_accumulation_steps = pick_batch_size(dict(config, world_size=ddp_world_size),
                                                               torch.cuda.mem_get_info(device)[0])
+memory_estimate = None # estimate_memory.py's estimate of the GPU memory, for wandb's run config; none off CUDA
+if wandb_log and master_process and device_type == 'cuda':
+    # costs a trace on the CPU before training starts (docs/wandb.md: how long); before the process group, as the
+    # trace makes a fake one of its own
+    from training.memory.estimate import run_summary
+    memory_estimate = run_summary(dict(config, batch_size=batch_size, world_size=ddp_world_size,
+                                       gradient_accumulation_steps=gradient_accumulation_steps),
+                                  torch.cuda.get_device_properties(device).total_memory)
 if ddp: # before the model: zero1's optimizer and fsdp's sharding need the process group
     dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
     exit_with_launcher() # should torchrun itself be killed, its workers must not train on
@@ -338,7 +346,7 @@ if device_peak is not None:
 # logging
 if wandb_log and master_process:
     try:
-        wandb.init(project=wandb_project, name=wandb_run_name, config=config)
+        wandb.init(project=wandb_project, name=wandb_run_name, config={**config, 'memory_estimate': memory_estimate})
     except Exception as e: # not logged in, no network: the same fixes
         fail(f'wandb could not start a run ({first_line(e)}): run `wandb login`, or set WANDB_MODE=offline, or pass '
              f'--wandb_log=False')
@@ -389,7 +397,7 @@ while True:
                     "lr": lr,
                     **({"mfu": running_mfu*100} if running_mfu >= 0 else {}), # convert to percentage
                     **{f"hellaswag/{name}": scores[name] for name in ('acc', 'acc_norm') if scores},
-                })
+                }, step=iter_num) # wandb's step is the iteration: this and the iteration's own log make one row
         if (losses['val'] < best_val_loss or always_save_checkpoint) and not eval_only:
             best_val_loss = losses['val']
             if iter_num > 0:
@@ -430,7 +438,7 @@ while True:
     # clip the gradient
     if grad_clip != 0.0:
         scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip) # before clipping, unscaled
     # step the optimizer and scaler if training in fp16 (optimizer_in_backward: done in backward, nothing left)
     scaler.step(optimizer)
     scaler.update()
@@ -457,6 +465,19 @@ while True:
         mfu_text = f", mfu {running_mfu*100:.2f}%" if running_mfu >= 0 else '' # once measured
         print(f"iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms{mfu_text}, "
               f"{tokens_per_iter / dt:,.0f} tok/s, eta {eta}{memory}") # rank 0 prints: the others' stdout is devnull
+        if wandb_log and master_process: # docs/wandb.md: what is logged, and when
+            wandb.log({
+                "iter": iter_num,
+                "train/loss_iter": lossf, # this iteration's batch; nanoGPT's train/loss is the evaluation's
+                "lr": lr,
+                **{"lr/muon": group['lr'] for group in optimizer.param_groups if group.get('muon')},
+                "tokens_per_sec": tokens_per_iter / dt,
+                **({"mfu": running_mfu*100} if running_mfu >= 0 else {}), # convert to percentage
+                **({"grad_norm": grad_norm.item()} if grad_clip != 0.0 else {}),
+                **({"memory/max_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+                    "memory/max_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30}
+                   if device_type == 'cuda' else {}),
+            }, step=iter_num)
     iter_num += 1
     local_iter_num += 1
 

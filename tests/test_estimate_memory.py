@@ -276,6 +276,15 @@ def test_pick_batch_size_keeps_tokens_per_step_and_fails_clearly(tiny):
         em.pick_batch_size(tiny, 1000)
 
 
+def test_run_summary_gives_the_estimate_in_gib_against_the_card(tiny):
+    train_keys = {k: v for k, v in tiny.items() if k not in em.ESTIMATOR_DEFAULTS}  # as train.py passes it
+    roomy = em.run_summary(train_keys, 80 * GIB)
+    assert roomy['card_gib'] == 80 and roomy['fits']
+    # the traced tensors, then the CUDA context, workspace and fragmentation on top of them
+    assert 0 < roomy['train_peak_gib'] < roomy['total_gib'] and 0 < roomy['eval_total_gib']
+    assert not em.run_summary(train_keys, roomy['total_gib'] * GIB / 2)['fits']
+
+
 @pytest.mark.parametrize('argv, named', [
     (['--batchsize=8'], '--batch_size'),
     (['--gpu_memory_gb=0.1'], 'gpu_memory_gb=0.1'),

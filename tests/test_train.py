@@ -122,27 +122,54 @@ def test_eval_batch_size_changes_the_micro_batch_not_the_loss(tiny_run, tmp_path
     assert len(losses[0]) == 2 and losses[1] == pytest.approx(losses[0], abs=2e-4)  # printed to 4 decimals
 
 
-def test_wandb_is_imported_lazily_and_logs(tmp_path, data_dir):
+def wandb_records(wandb_dir):
+    """The records of the one offline run under wandb_dir, read back by wandb's own reader (one JSON line each)."""
+    run_dir, = (wandb_dir / 'wandb').glob('offline-run-*')
+    result = subprocess.run([sys.executable, '-m', 'wandb', 'leet', 'inspect', '--json', str(run_dir)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_wandb_logs_each_log_interval_and_evaluation(tmp_path, data_dir):
+    wandb_dir = tmp_path / 'wandb_dir'
+    wandb_dir.mkdir()
+    result = train(data_dir, tmp_path / 'out', '--wandb_log=True', '--wandb_run_name=tiny', '--optim=muon',
+                   '--max_iters=6', '--log_interval=2', '--eval_interval=3',
+                   env={'WANDB_MODE': 'offline', 'WANDB_DIR': str(wandb_dir)})
+    assert result.returncode == 0, result.stderr
+    records = wandb_records(wandb_dir)
+    run = next(record['run'] for record in records if record['type'] == 'run')
+    assert (run['project'], run['display_name']) == ('owt', 'tiny')
+    config = run['config']['update']
+    assert (config['n_layer'], config['optim'], config['log_interval'], config['wandb_log']) == (2, 'muon', 2, True)
+    assert config['memory_estimate'] is None  # estimated for CUDA runs only
+    # one row an iteration, wandb's step: the log_interval's iterations and the evaluations' merged where both log
+    rows = {record['history']['step']['num']: {k: v for k, v in record['history']['item'].items()
+                                               if not k.startswith('_')}
+            for record in records if record['type'] == 'history'}
+    assert sorted(rows) == [0, 2, 3, 4, 6] and all(row['iter'] == step for step, row in rows.items())
+    iteration_keys = {'iter', 'train/loss_iter', 'lr', 'lr/muon', 'tokens_per_sec', 'grad_norm'}  # no mfu or GPU
+    evaluation_keys = {'iter', 'train/loss', 'val/loss', 'lr'}                                    # memory on a CPU
+    assert set(rows[2]) == set(rows[4]) == iteration_keys and set(rows[3]) == evaluation_keys
+    assert set(rows[0]) == set(rows[6]) == iteration_keys | evaluation_keys
+    # the values printed, the scheduled learning rates (warmup to iter 2) and a norm of real gradients
+    losses, evaluations = logged_losses(result.stdout), logged_losses(result.stdout, 'step')
+    assert [rows[i]['train/loss_iter'] for i in (0, 2, 4, 6)] == [pytest.approx(losses[i], abs=1e-4)
+                                                                  for i in (0, 2, 4, 6)]
+    assert [rows[i]['val/loss'] for i in (0, 3, 6)] == [pytest.approx(evaluations[i], abs=1e-4) for i in (0, 3, 6)]
+    assert (rows[0]['lr'], rows[2]['lr'], rows[2]['lr/muon']) == pytest.approx((1e-2 / 3, 1e-2, 0.02))
+    assert all(0 < rows[i]['grad_norm'] < 1e3 and rows[i]['tokens_per_sec'] > 0 for i in (0, 2, 4, 6))
+
+
+def test_wandb_is_not_imported_without_wandb_log(tmp_path, data_dir):
     stub = tmp_path / 'stub'
     stub.mkdir()
-    (stub / 'wandb.py').write_text(
-        "import json, os\n"
-        "def _record(entry):\n"
-        "    with open(os.environ['WANDB_STUB_LOG'], 'a') as f:\n"
-        "        f.write(json.dumps(entry) + '\\n')\n"
-        "def init(project, name, config):\n"
-        "    _record({'project': project, 'name': name, 'mode': os.environ.get('WANDB_MODE')})\n"
-        "def log(data):\n"
-        "    _record(data)\n")
-    record = tmp_path / 'wandb.jsonl'
-    result = train(data_dir, tmp_path / 'out', '--wandb_log=True', '--wandb_run_name=tiny', '--max_iters=2',
-                   '--eval_interval=2', env={'PYTHONPATH': str(stub), 'WANDB_STUB_LOG': str(record),
-                                             'WANDB_MODE': 'offline'})
+    marker = tmp_path / 'wandb_imported'
+    (stub / 'wandb.py').write_text(f'open({str(marker)!r}, "w").close()\n')  # found before the installed wandb
+    result = train(data_dir, tmp_path / 'out', '--max_iters=0', env={'PYTHONPATH': str(stub)})
     assert result.returncode == 0, result.stderr
-    entries = [json.loads(line) for line in record.read_text().splitlines()]
-    assert entries[0] == {'project': 'owt', 'name': 'tiny', 'mode': 'offline'}
-    assert [entry['iter'] for entry in entries[1:]] == [0, 2]
-    assert set(entries[1]) == {'iter', 'train/loss', 'val/loss', 'lr'}  # no mfu on a CPU: no known peak
+    assert not marker.exists()
 
 
 # -----------------------------------------------------------------------------

@@ -410,10 +410,10 @@ def ladder(config, budget_bytes):
     return steps
 
 
-def estimate(config):
-    """Everything main() reports for a checked config, as one JSON-able dict."""
+def estimate(config, warm_start=False):
+    """Everything main() reports for a checked config, as one JSON-able dict (see trace for warm_start)."""
     budget_bytes = int(config['gpu_memory_gb'] * GIB)
-    result = trace(config, config['loss'])
+    result = trace(config, config['loss'], warm_start=warm_start)
     result['allowance'] = allowance(result['train']['peak_bytes'])
     result['total_bytes'] = total_bytes(result['train']['peak_bytes'])
     result['eval_total_bytes'] = total_bytes(result['eval']['peak_bytes'])
@@ -428,3 +428,10 @@ def estimate(config):
     return result
 
 
+def run_summary(config, card_bytes):
+    """train.py's record of its run's estimate (wandb's run config), in GiB: the traced tensor peak of training (what
+    torch.cuda.max_memory_allocated measures), the totals with the allowance of training and evaluation, the card's
+    memory and whether both fit it. `config` has train.py's keys (world_size defaults to 1)."""
+    result = estimate({**ESTIMATOR_DEFAULTS, **config, 'gpu_memory_gb': card_bytes / GIB}, warm_start=True)
+    return dict(train_peak_gib=result['train']['peak_bytes'] / GIB, total_gib=result['total_bytes'] / GIB,
+                eval_total_gib=result['eval_total_bytes'] / GIB, card_gib=card_bytes / GIB, fits=result['fits'])
