@@ -8,7 +8,6 @@ config), and with GPT-2's BPE (tiktoken) when there is none. `--start=FILE:promp
 """
 import os
 import sys
-import pickle
 from contextlib import nullcontext
 
 import torch
@@ -18,6 +17,7 @@ from prepare.common import get_encoding
 from training.checkpoint import load_model
 from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
 from training.errors import ConfigError, fail, first_line
+from training.meta import load_meta, trained_meta_path
 
 # -----------------------------------------------------------------------------
 defaults = dict(
@@ -62,18 +62,17 @@ if compile:
     model = torch.compile(model) # requires PyTorch 2.0 (optional)
 
 # look for the meta pickle in case it is available in the dataset folder
-meta_path = None
-if 'dataset' in train_config:
-    meta_path = os.path.join(train_config.get('data_dir', 'data'), train_config['dataset'], 'meta.pkl')
+meta_path = trained_meta_path(train_config)
 vocab_size = model.config.vocab_size
 if meta_path is not None and os.path.exists(meta_path):
     print(f"Loading meta from {meta_path}...")
     try:
-        with open(meta_path, 'rb') as f:
-            meta = pickle.load(f)
+        meta = load_meta(meta_path)
         stoi, itos = meta['stoi'], meta['itos']
-    except Exception as e: # a corrupt or foreign file: whatever failed, the fix is to prepare the dataset again
-        fail(f'cannot read {meta_path} ({first_line(e)}): prepare the dataset again')
+    except ConfigError as e:
+        fail(e)
+    except KeyError as e:
+        fail(f'{meta_path} has no {e} (a vocabulary of characters): prepare the dataset again')
     if meta['vocab_size'] > vocab_size:
         fail(f"{meta_path} has vocab_size {meta['vocab_size']} but the model's is {vocab_size}: "
              f"it is not the dataset this model was trained on")

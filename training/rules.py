@@ -2,12 +2,12 @@
 estimate is always of the run train.py would make. Each check raises a ConfigError whose one line names the key and
 the fix, before anything is created or written."""
 import os
-import pickle
 
 from model import GPT
 from training import optim, parallel
 from training.errors import ConfigError, first_line
 from training.hellaswag import GPT2_VOCAB_SIZE
+from training.meta import META_NAME, load_meta
 
 DEFAULT_VOCAB_SIZE = 50304  # GPT-2's 50257 padded up to a multiple of 64, as nanoGPT does
 ARCHITECTURE_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size')
@@ -83,13 +83,13 @@ def prepare_hint(config):
 
 def meta_vocab_size(config):
     """vocab_size from data_dir/dataset/meta.pkl, or None without one (GPT-2's tokens)."""
-    meta_path = os.path.join(dataset_path(config), 'meta.pkl')
+    meta_path = os.path.join(dataset_path(config), META_NAME)
     if not os.path.exists(meta_path):
         return None
+    meta = load_meta(meta_path)
     try:
-        with open(meta_path, 'rb') as f:
-            return int(pickle.load(f)['vocab_size'])
-    except Exception as e:  # a corrupt or foreign file: whatever failed, the fix is to prepare the dataset again
+        return int(meta['vocab_size'])
+    except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f'cannot read vocab_size from {meta_path} ({first_line(e)}): prepare the dataset '
                           f'again') from None
 
