@@ -21,7 +21,7 @@ from training.meta import load_meta, trained_meta_path
 
 # -----------------------------------------------------------------------------
 defaults = dict(
-    init_from='resume', # either 'resume' (from an out_dir) or a gpt2 variant (e.g. 'gpt2-xl')
+    init_from='resume', # 'resume' (from an out_dir), a gpt2 variant (e.g. 'gpt2-xl') or a Hugging Face GPT-2 folder
     out_dir='out', # ignored if init_from is not 'resume'
     start="\n", # or "<|endoftext|>" or etc. Can also specify a file, use as: "FILE:prompt.txt"
     num_samples=10, # number of samples to draw

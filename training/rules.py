@@ -3,8 +3,7 @@ estimate is always of the run train.py would make. Each check raises a ConfigErr
 the fix, before anything is created or written."""
 import os
 
-from model import GPT
-from training import optim, parallel
+from training import hf, optim, parallel
 from training.errors import ConfigError, first_line
 from training.hellaswag import GPT2_VOCAB_SIZE
 from training.meta import META_NAME, load_meta
@@ -39,9 +38,8 @@ def check_config(config, world_size, device_type):
     if config['backend'] == 'nccl' and device_type != 'cuda':
         raise ConfigError(f"backend='nccl' needs CUDA: use --backend=gloo with device={config['device']!r}")
     init_from = config['init_from']
-    if init_from not in ('scratch', 'resume') and init_from not in GPT.PRETRAINED_ARGS:
-        raise ConfigError(f"unknown init_from {init_from!r}: use 'scratch', 'resume' or one of "
-                          f"{', '.join(GPT.PRETRAINED_ARGS)}")
+    if hf.is_folder(init_from):
+        hf.pretrained_config(init_from)  # an unknown name, or a folder that is not a GPT-2, is one line
     if config['auto_batch_size'] and device_type != 'cuda':
         raise ConfigError(f"auto_batch_size=True sizes the batch for a CUDA card's memory: on {config['device']} set "
                           f"--batch_size yourself")
@@ -96,7 +94,8 @@ def meta_vocab_size(config):
 
 def model_args(config, meta_vocab, resumed_model_args=None):
     """(model_args, crop): the GPTConfig arguments train.py builds for config['init_from'] (scratch: the config's
-    shape with meta_vocab or the padded GPT-2 vocabulary; resume: the checkpoint's shape; gpt2*: OpenAI's), and the
+    shape with meta_vocab or the padded GPT-2 vocabulary; resume: the checkpoint's shape; gpt2* or a Hugging Face
+    folder: its config's), and the
     block_size to crop a pretrained model to, or None. ConfigError where block_size or the dataset's vocabulary do
     not fit the model, or HellaSwag cannot be scored with it."""
     init_from, block_size = config['init_from'], config['block_size']
@@ -108,7 +107,7 @@ def model_args(config, meta_vocab, resumed_model_args=None):
     elif init_from == 'resume':
         args.update({k: resumed_model_args[k] for k in ARCHITECTURE_KEYS})  # the rest (dropout) as configured
     else:
-        pretrained = GPT.pretrained_config(init_from)
+        pretrained = hf.pretrained_config(init_from)
         args.update({k: getattr(pretrained, k) for k in ARCHITECTURE_KEYS})
         if block_size < pretrained.block_size:
             args['block_size'] = crop = block_size  # the checkpoint records the cropped size
