@@ -13,18 +13,18 @@ from contextlib import nullcontext
 import torch
 
 import configurator
-from model import GPT
 from prepare.common import get_encoding
 from training.checkpoint import load_model
 from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
 from training.errors import fail, install_handler
+from training.hf import pretrained_config
 from training.hellaswag import GPT2_VOCAB_SIZE, cached_val_file, evaluate, read_examples
 
 install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
 
 # -----------------------------------------------------------------------------
 defaults = dict(
-    init_from='resume', # either 'resume' (from an out_dir) or a gpt2 variant (e.g. 'gpt2-xl')
+    init_from='resume', # 'resume' (from an out_dir), a gpt2 variant (e.g. 'gpt2-xl') or a Hugging Face GPT-2 folder
     out_dir='out', # ignored if init_from is not 'resume'
     data_path='', # a HellaSwag jsonl file; '' = data/hellaswag/hellaswag_val.jsonl, downloaded the first time
     max_examples=0, # score only the first max_examples examples; 0 = all
@@ -40,8 +40,8 @@ if max_examples < 0:
     fail(f'max_examples must be 0 (all) or positive, got {max_examples}')
 if batch_size < 1:
     fail(f'batch_size must be at least 1, got {batch_size}')
-if init_from != 'resume' and init_from not in GPT.PRETRAINED_ARGS:
-    fail(f"unknown init_from {init_from!r}: use 'resume' or one of {', '.join(GPT.PRETRAINED_ARGS)}")
+if init_from != 'resume':
+    pretrained_config(init_from) # an unknown name or a folder that is not a GPT-2: one line, before the data
 # -----------------------------------------------------------------------------
 
 # the data first: its errors show before any weights are loaded

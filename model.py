@@ -95,6 +95,10 @@ class Block(nn.Module):
         x = x + self.mlp(self.ln_2(x))
         return x
 
+# The weights that Hugging Face's GPT2LMHeadModel holds transposed: OpenAI's checkpoints use a "Conv1D" module, a
+# Linear whose weight is (in, out). Every other parameter has the same name and shape in both.
+HF_TRANSPOSED = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+
 @dataclass
 class GPTConfig:
     block_size: int = 1024
@@ -232,13 +236,10 @@ class GPT(nn.Module):
         sd_hf = model_hf.state_dict()
         # copy while ensuring all of the parameters are aligned and match in names and shapes
         sd_keys_hf = [k for k in sd_hf.keys() if not k.endswith(('.attn.masked_bias', '.attn.bias'))] # buffers
-        transposed = ['attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight']
-        # basically the openai checkpoints use a "Conv1D" module, but we only want to use a vanilla Linear
-        # this means that we have to transpose these weights when we import them
         assert len(sd_keys_hf) == len(sd_keys), f"mismatched keys: {len(sd_keys_hf)} != {len(sd_keys)}"
         for k in sd_keys_hf:
             with torch.no_grad():
-                if any(k.endswith(w) for w in transposed):
+                if k.endswith(HF_TRANSPOSED):
                     assert sd_hf[k].shape[::-1] == sd[k].shape
                     sd[k].copy_(sd_hf[k].t())
                 else:

@@ -8,7 +8,6 @@ config), and with GPT-2's BPE (tiktoken) when there is none. `--start=FILE:promp
 """
 import os
 import sys
-import pickle
 from contextlib import nullcontext
 
 import torch
@@ -18,12 +17,13 @@ from prepare.common import get_encoding
 from training.checkpoint import load_model
 from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
 from training.errors import fail, first_line, install_handler
+from training.meta import load_meta, trained_meta_path
 
 install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
 
 # -----------------------------------------------------------------------------
 defaults = dict(
-    init_from='resume', # either 'resume' (from an out_dir) or a gpt2 variant (e.g. 'gpt2-xl')
+    init_from='resume', # 'resume' (from an out_dir), a gpt2 variant (e.g. 'gpt2-xl') or a Hugging Face GPT-2 folder
     out_dir='out', # ignored if init_from is not 'resume'
     start="\n", # or "<|endoftext|>" or etc. Can also specify a file, use as: "FILE:prompt.txt"
     num_samples=10, # number of samples to draw
@@ -58,18 +58,15 @@ if compile:
     model = torch.compile(model) # requires PyTorch 2.0 (optional)
 
 # look for the meta pickle in case it is available in the dataset folder
-meta_path = None
-if 'dataset' in train_config:
-    meta_path = os.path.join(train_config.get('data_dir', 'data'), train_config['dataset'], 'meta.pkl')
+meta_path = trained_meta_path(train_config)
 vocab_size = model.config.vocab_size
 if meta_path is not None and os.path.exists(meta_path):
     print(f"Loading meta from {meta_path}...")
-    try:
-        with open(meta_path, 'rb') as f:
-            meta = pickle.load(f)
-        stoi, itos = meta['stoi'], meta['itos']
-    except Exception as e: # a corrupt or foreign file: whatever failed, the fix is to prepare the dataset again
-        fail(f'cannot read {meta_path} ({first_line(e)}): prepare the dataset again')
+    meta = load_meta(meta_path)
+    missing = [key for key in ('stoi', 'itos') if key not in meta]
+    if missing:
+        fail(f'{meta_path} has no {missing[0]!r} (a vocabulary of characters): prepare the dataset again')
+    stoi, itos = meta['stoi'], meta['itos']
     if meta['vocab_size'] > vocab_size:
         fail(f"{meta_path} has vocab_size {meta['vocab_size']} but the model's is {vocab_size}: "
              f"it is not the dataset this model was trained on")

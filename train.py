@@ -71,7 +71,7 @@ log_interval = 1
 eval_iters = 200
 eval_only = False # if True, script exits right after the first eval
 always_save_checkpoint = True # if True, always save a checkpoint after each eval
-init_from = 'scratch' # 'scratch' or 'resume' or 'gpt2*'
+init_from = 'scratch' # 'scratch' or 'resume' or 'gpt2*' or a Hugging Face GPT-2 folder (docs/export.md)
 seed = 1337 # initial weights from seed, rank r's dropout from seed + r; batches from (seed, iteration, micro-step)
 # wandb logging
 wandb_log = False # disabled by default
@@ -230,7 +230,7 @@ elif init_from == 'resume':
     # on the CPU: the GPU never holds the checkpoint beside the model and optimizer state it is loaded into
     checkpoint = load_checkpoint(out_dir, 'cpu', required=('optimizer', 'iter_num', 'best_val_loss'))
 else:
-    print(f"Initializing from OpenAI GPT-2 weights: {init_from}")
+    print(f"Initializing from GPT-2 weights: {init_from}")
 # the shape is the checkpoint's or OpenAI's, only dropout as configured; block_size and meta.pkl must fit it
 model_args, crop = rules.model_args(config, meta_vocab_size, checkpoint and checkpoint['model_args'])
 if hellaswag: # its data and tokenizer before the weights: a missing file fails early; the master downloads, once
@@ -241,7 +241,7 @@ if hellaswag: # its data and tokenizer before the weights: a missing file fails 
         dist.barrier()
     hellaswag_set = read_examples(cached_val_file(hellaswag_dir), hellaswag_examples)
     enc = get_encoding('gpt2')
-if init_from in GPT.PRETRAINED_ARGS:
+if init_from not in ('scratch', 'resume'): # OpenAI's GPT-2 or a Hugging Face GPT-2 folder
     model = pretrained_model(init_from, dropout) # only dropout can be overridden
     if crop is not None: # crop down the model block size if desired, using model surgery
         model.crop_block_size(crop)

@@ -4,7 +4,6 @@ No network: BPE goes through a tiny tiktoken Encoding built here; gpt2 checks ru
 are already cached (e.g. TIKTOKEN_CACHE_DIR pointing at them)."""
 import json
 import os
-import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import tiktoken
 
 from helpers import EOT, ROOT, gpt2_cached, tiny_encoding
 from prepare import common, openwebtext, shakespeare, shakespeare_char  # noqa: E402
+from training.meta import load_meta
 
 CORPUS = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
           "First Citizen:\nYou are all resolved rather to die than to famish?\n"
@@ -37,8 +37,7 @@ def run_script(name, *args, cwd):
 def test_char_outputs_round_trip(tmp_path):
     n_train, n_val = shakespeare_char.prepare(CORPUS, tmp_path)
     assert (n_train, n_val) == (int(len(CORPUS) * 0.9), len(CORPUS) - int(len(CORPUS) * 0.9))
-    with open(tmp_path / 'meta.pkl', 'rb') as f:
-        meta = pickle.load(f)
+    meta = load_meta(str(tmp_path / 'meta.pkl'))  # as train.py and sample.py read it
     assert set(meta) == {'vocab_size', 'itos', 'stoi'}
     assert meta['vocab_size'] == len(set(CORPUS))
     assert [meta['itos'][i] for i in range(meta['vocab_size'])] == sorted(set(CORPUS))

@@ -1,5 +1,5 @@
 """ckpt.pt in nanoGPT's format, saved atomically and loaded with one-line errors, and the models that sample.py and
-hellaswag.py load from it or from OpenAI's GPT-2 weights.
+hellaswag.py load from it, from OpenAI's GPT-2 weights or from a local Hugging Face GPT-2 folder.
 
 nanoGPT's keys: model, optimizer, model_args, iter_num, best_val_loss, config. train.py adds what exact resume
 needs (scaler, rng_states); a checkpoint without them, e.g. one written by nanoGPT, loads all the same.
@@ -11,13 +11,16 @@ import zipfile
 import torch
 
 from model import GPT, GPTConfig
+from training import hf
 from training.errors import ConfigError, first_line
 from training.parallel import load_optimizer_state
 
 CKPT_NAME = 'ckpt.pt'
 # a save writes .ckpt.pt.<pid>.tmp first: the pid tells a later save whether the writer of a leftover still runs
 TMP_PREFIX, TMP_SUFFIX = f'.{CKPT_NAME}.', '.tmp'
-COMPILE_PREFIX = '_orig_mod.'  # torch.compile's wrapper prefixes parameter names with this; nanoGPT saves them so
+# the prefixes wrappers give parameter names: torch.compile's (nanoGPT saves a compiled model's names so) and DDP's
+# (train.py saves the unwrapped model, but a script that saves the wrapper's state dict has them)
+WRAPPER_PREFIXES = ('_orig_mod.', 'module.')
 
 
 class CheckpointError(ConfigError):
@@ -76,7 +79,7 @@ def save_checkpoint(checkpoint, out_dir):
 
 
 def load_checkpoint(out_dir, map_location, required=()):
-    """out_dir/ckpt.pt as a dict, its model state dict without torch.compile's prefix; CheckpointError if it is
+    """out_dir/ckpt.pt as a dict, its model state dict without torch.compile's and DDP's prefixes; CheckpointError if it is
     missing, unreadable, truncated or lacks 'model', 'model_args' or one of the `required` keys."""
     path = checkpoint_path(out_dir)
     if not os.path.isfile(path):
@@ -94,8 +97,10 @@ def load_checkpoint(out_dir, map_location, required=()):
         raise CheckpointError(f"{path} is not a nanoGPT checkpoint (no {', '.join(missing)})")
     state_dict = checkpoint['model']
     for k in list(state_dict):
-        if k.startswith(COMPILE_PREFIX):
-            state_dict[k[len(COMPILE_PREFIX):]] = state_dict.pop(k)
+        name = k
+        while name.startswith(WRAPPER_PREFIXES):  # a compiled DDP model has both, in either order
+            name = name.split('.', 1)[1]
+        state_dict[name] = state_dict.pop(k)
     return checkpoint
 
 
@@ -134,7 +139,9 @@ def restore_training_state(checkpoint, optimizer, scaler, config, rank, world_si
 
 def pretrained_model(init_from, dropout=0.0):
     """OpenAI's GPT-2 weights `init_from` (gpt2, gpt2-medium, gpt2-large, gpt2-xl) through Hugging Face transformers,
-    with this dropout; ConfigError with the fix if they cannot be loaded."""
+    or those of a local GPT-2 folder, with this dropout; ConfigError with the fix if they cannot be loaded."""
+    if hf.is_folder(init_from):
+        return hf.folder_model(init_from, dropout)
     try:
         return GPT.from_pretrained(init_from, dict(dropout=dropout))  # only dropout can be overridden
     except Exception as e:  # no transformers, no network, no cached weights: the fixes are the same
@@ -144,15 +151,14 @@ def pretrained_model(init_from, dropout=0.0):
 
 def load_model(init_from, out_dir, device):
     """(model, the config it was trained with or {}) for sampling and evaluation: out_dir's ckpt.pt with
-    init_from='resume', or OpenAI's GPT-2 weights; in eval mode, on `device`. ConfigError with one line otherwise."""
+    init_from='resume', OpenAI's GPT-2 weights, or a local GPT-2 folder's; in eval mode, on `device`. ConfigError
+    with one line otherwise."""
     if init_from == 'resume':
         checkpoint = load_checkpoint(out_dir, device)
         model = GPT(GPTConfig(**checkpoint['model_args']))
         load_model_state(model, checkpoint, out_dir)
         train_config = checkpoint.get('config') or {}
-    elif init_from in GPT.PRETRAINED_ARGS:
-        model, train_config = pretrained_model(init_from), {}
     else:
-        raise ConfigError(f"unknown init_from {init_from!r}: use 'resume' or one of {', '.join(GPT.PRETRAINED_ARGS)}")
+        model, train_config = pretrained_model(init_from), {}
     model.eval()
     return model.to(device), train_config

@@ -2,12 +2,11 @@
 estimate is always of the run train.py would make. Each check raises a ConfigError whose one line names the key and
 the fix, before anything is created or written."""
 import os
-import pickle
 
-from model import GPT
-from training import optim, parallel
+from training import hf, optim, parallel
 from training.errors import ConfigError, first_line
 from training.hellaswag import GPT2_VOCAB_SIZE
+from training.meta import META_NAME, load_meta
 
 DEFAULT_VOCAB_SIZE = 50304  # GPT-2's 50257 padded up to a multiple of 64, as nanoGPT does
 ARCHITECTURE_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size')
@@ -39,9 +38,8 @@ def check_config(config, world_size, device_type):
     if config['backend'] == 'nccl' and device_type != 'cuda':
         raise ConfigError(f"backend='nccl' needs CUDA: use --backend=gloo with device={config['device']!r}")
     init_from = config['init_from']
-    if init_from not in ('scratch', 'resume') and init_from not in GPT.PRETRAINED_ARGS:
-        raise ConfigError(f"unknown init_from {init_from!r}: use 'scratch', 'resume' or one of "
-                          f"{', '.join(GPT.PRETRAINED_ARGS)}")
+    if hf.is_folder(init_from):
+        hf.pretrained_config(init_from)  # an unknown name, or a folder that is not a GPT-2, is one line
     if config['auto_batch_size'] and device_type != 'cuda':
         raise ConfigError(f"auto_batch_size=True sizes the batch for a CUDA card's memory: on {config['device']} set "
                           f"--batch_size yourself")
@@ -83,20 +81,21 @@ def prepare_hint(config):
 
 def meta_vocab_size(config):
     """vocab_size from data_dir/dataset/meta.pkl, or None without one (GPT-2's tokens)."""
-    meta_path = os.path.join(dataset_path(config), 'meta.pkl')
+    meta_path = os.path.join(dataset_path(config), META_NAME)
     if not os.path.exists(meta_path):
         return None
+    meta = load_meta(meta_path)
     try:
-        with open(meta_path, 'rb') as f:
-            return int(pickle.load(f)['vocab_size'])
-    except Exception as e:  # a corrupt or foreign file: whatever failed, the fix is to prepare the dataset again
+        return int(meta['vocab_size'])
+    except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f'cannot read vocab_size from {meta_path} ({first_line(e)}): prepare the dataset '
                           f'again') from None
 
 
 def model_args(config, meta_vocab, resumed_model_args=None):
     """(model_args, crop): the GPTConfig arguments train.py builds for config['init_from'] (scratch: the config's
-    shape with meta_vocab or the padded GPT-2 vocabulary; resume: the checkpoint's shape; gpt2*: OpenAI's), and the
+    shape with meta_vocab or the padded GPT-2 vocabulary; resume: the checkpoint's shape; gpt2* or a Hugging Face
+    folder: its config's), and the
     block_size to crop a pretrained model to, or None. ConfigError where block_size or the dataset's vocabulary do
     not fit the model, or HellaSwag cannot be scored with it."""
     init_from, block_size = config['init_from'], config['block_size']
@@ -108,7 +107,7 @@ def model_args(config, meta_vocab, resumed_model_args=None):
     elif init_from == 'resume':
         args.update({k: resumed_model_args[k] for k in ARCHITECTURE_KEYS})  # the rest (dropout) as configured
     else:
-        pretrained = GPT.pretrained_config(init_from)
+        pretrained = hf.pretrained_config(init_from)
         args.update({k: getattr(pretrained, k) for k in ARCHITECTURE_KEYS})
         if block_size < pretrained.block_size:
             args['block_size'] = crop = block_size  # the checkpoint records the cropped size
