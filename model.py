@@ -601,7 +601,7 @@ def chunked_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_siz
 
 
 @torch.compiler.disable  # a graph break here is cheap; the chunk loop stays eager under torch.compile
-def _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, reduction, fused, softcap):
+def _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, reduction, fused, softcap=0.0):
     """chunked_cross_entropy, run outside torch.compile's graphs; fused: each chunk's softmax compiled."""
     if chunk_size is None:
         chunk_size = default_chunk_size(weight.shape[0])

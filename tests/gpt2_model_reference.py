@@ -1,5 +1,6 @@
-"""model.py as it was before the modern architecture options (rope, rmsnorm, ...): the oracle of
-tests/test_model_options.py, which checks that the default GPT-2 path still gives the same loss and gradients to the bit."""
+# model.py as it was before the modern architecture options (rope, rmsnorm, ...), unchanged: the oracle of
+# tests/test_model_options.py, which checks that the default GPT-2 path gives the same loss and gradients to the bit.
+"""
 Full definition of a GPT Language Model, all of it in this single file (it needs only torch: copy it anywhere).
 Same modules, parameter names, init and API as nanoGPT's model.py, so nanoGPT checkpoints load as they are.
 

@@ -32,6 +32,11 @@ def check_config(config, world_size, device_type):
         raise ConfigError(f"hellaswag_examples must be at least 1, or 0 for all; got {config['hellaswag_examples']}")
     if not 0.0 <= config['dropout'] < 1.0:
         raise ConfigError(f"dropout is a probability in [0, 1), got {config['dropout']}: e.g. --dropout=0.1")
+    if config['lr_schedule'] not in ('cosine', 'wsd'):
+        raise ConfigError(f"unknown lr_schedule {config['lr_schedule']!r}: use 'cosine' or 'wsd'")
+    if config['lr_schedule'] == 'wsd' and not 0.0 < config['cooldown_frac'] <= 1.0:
+        raise ConfigError(f"cooldown_frac must be in (0, 1], got {config['cooldown_frac']}: the fraction of "
+                          f"lr_decay_iters the lr decays over, e.g. --cooldown_frac=0.2")
     if config['gradient_accumulation_steps'] % world_size != 0:
         raise ConfigError(f"gradient_accumulation_steps={config['gradient_accumulation_steps']} is not divisible by "
                           f"the {world_size} processes (each runs an equal share): use a multiple of {world_size}")
