@@ -137,7 +137,7 @@ class GPTConfig:
     qk_norm: bool = False # True: RMSNorm each head's queries and keys before attention
     mlp: str = 'gelu' # 'gelu', or 'relu2': relu(x)**2 in the MLP
     tie_weights: bool = True # False: lm_head has its own matrix rather than sharing wte's
-    zero_init_proj: bool = False # True: c_proj weights (and an untied lm_head) start at zero, so each block starts as identity
+    zero_init_proj: bool = False # True: c_proj weights (and an untied lm_head) start at zero: each block an identity
     logit_softcap: float = 0.0 # > 0: logits become logit_softcap * tanh(logits / logit_softcap); 0: off
 
 class GPT(nn.Module):

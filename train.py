@@ -112,8 +112,8 @@ grad_clip = 1.0 # clip gradients at this value, or disable if == 0.0
 optim = 'adamw' # 'adamw' (fp32 moments), 'adamw_bf16', 'adamw_8bit' (torchao's 8-bit moments) or 'muon'
 muon_learning_rate = 0.02 # optim='muon': max lr of the blocks' matrices (Keller Jordan's Muon; nanochat's matrix_lr)
 muon_momentum = 0.95 # optim='muon': Muon's Nesterov momentum (Keller Jordan's, and torch.optim.Muon's default)
-muon_momentum_warmup_iters = 0 # optim='muon': momentum rises linearly from 0.85 to muon_momentum over these (nanochat: 300)
-embedding_learning_rate = 0.0 # optim='muon': max lr of the embeddings (AdamW; with tied weights, the head too), 0 = learning_rate
+muon_momentum_warmup_iters = 0 # optim='muon': momentum from 0.85 up to muon_momentum over these iters (nanochat: 300)
+embedding_learning_rate = 0.0 # optim='muon': max lr of the embeddings (AdamW; tied, the head too), 0 = learning_rate
 head_learning_rate = 0.0 # optim='muon', tie_weights=False: max lr of the untied lm_head (AdamW), 0 = learning_rate
 optimizer_in_backward = False # update each parameter in backward and free its gradient: needs accumulation 1, no clip
 weight_dtype = 'float32' # 'bfloat16': weights and gradients in bf16, no fp32 copy, updates rounded stochastically
