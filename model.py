@@ -39,22 +39,6 @@ class LayerNorm(nn.Module):
             return F.rms_norm(input, self.weight.shape, self.weight, 1e-5)
         return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
 
-
-def rotary_cos_sin(pos, head_size, base=10000.0):
-    """The rotary embedding's (cos, sin) for positions `pos` (t,): each (t, head_size / 2), pair i of a head turning
-    at base**(-2i / head_size) radians a position (RoFormer, arXiv:2104.09864). Computed in fp32 from `pos` on
-    every forward: cheap, no buffer for weight_dtype to cast, and any positions (a cache's offset) work."""
-    inv_freq = base ** -(torch.arange(0, head_size, 2, dtype=torch.float32, device=pos.device) / head_size)
-    angles = torch.outer(pos.to(torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
-
-
-def apply_rotary(x, cos, sin):
-    """x (B, nh, T, hs) with the pairs (x[..., i], x[..., i + hs/2]) rotated by the angles of cos, sin (T, hs/2)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
-
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config):
@@ -89,6 +73,21 @@ class CausalSelfAttention(nn.Module):
         # output projection
         y = self.resid_dropout(self.c_proj(y))
         return y
+
+def rotary_cos_sin(pos, head_size, base=10000.0):
+    """The rotary embedding's (cos, sin) for positions `pos` (t,): each (t, head_size / 2), pair i of a head turning
+    at base**(-2i / head_size) radians a position (RoFormer, arXiv:2104.09864). Computed in fp32 from `pos` on
+    every forward: cheap, no buffer for weight_dtype to cast, and any positions (a cache's offset) work."""
+    inv_freq = base ** -(torch.arange(0, head_size, 2, dtype=torch.float32, device=pos.device) / head_size)
+    angles = torch.outer(pos.to(torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x, cos, sin):
+    """x (B, nh, T, hs) with the pairs (x[..., i], x[..., i + hs/2]) rotated by the angles of cos, sin (T, hs/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
 
 class MLP(nn.Module):
 
