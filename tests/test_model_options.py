@@ -214,3 +214,18 @@ def test_modern_activation_checkpointing_same_loss_and_gradients():
     assert torch.equal(results[0][0], results[1][0])
     for a, b in zip(results[0][1], results[1][1]):
         assert torch.equal(a, b)
+
+
+def test_a_default_architecture_checkpoint_loads_in_the_previous_model_py():
+    """train.py's model_args and state dict of a GPT-2 architecture, as nanoGPT's model.py (the reference has its
+    GPTConfig) reads a ckpt.pt: GPTConfig(**model_args), then load_state_dict."""
+    import configurator
+    from training import rules
+    config = {**configurator.train_defaults(), **SHAPE, 'device': 'cpu', 'dtype': 'float32'}
+    model_args, _ = rules.model_args(config, 50)
+    state = GPT(GPTConfig(**model_args)).state_dict()
+    reference = reference_module()
+    reference.GPT(reference.GPTConfig(**model_args)).load_state_dict(state)  # strict: the same keys and shapes
+    # a modern model's model_args carry keys nanoGPT's GPTConfig does not take: an error, not a GPT-2 built silently
+    with pytest.raises(TypeError):
+        reference.GPTConfig(**rules.model_args({**config, 'pos_emb': 'rope'}, 50)[0])
