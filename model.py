@@ -8,6 +8,10 @@ The one difference: the loss. nanoGPT computes `lm_head(x)` for every position, 
 fuses the vocabulary projection with cross-entropy over row chunks, so those logits never exist, in training or in
 evaluation.
 
+GPTConfig also holds the modern options of modded-nanogpt's speedrun (rotary embeddings, RMSNorm, QK-norm, ReLU^2,
+an untied head, zero-initialized projections, logit soft-capping), each acting where its code is. Their defaults are
+GPT-2's: left alone, the model is the GPT-2 described above.
+
 References:
 1) the official GPT-2 TensorFlow implementation released by OpenAI:
 https://github.com/openai/gpt-2/blob/master/src/model.py
