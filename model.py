@@ -8,6 +8,10 @@ The one difference: the loss. nanoGPT computes `lm_head(x)` for every position, 
 fuses the vocabulary projection with cross-entropy over row chunks, so those logits never exist, in training or in
 evaluation.
 
+GPTConfig also holds the modern options of modded-nanogpt's speedrun (rotary embeddings, RMSNorm, QK-norm, ReLU^2,
+an untied head, zero-initialized projections, logit soft-capping), each acting where its code is. Their defaults are
+GPT-2's: left alone, the model is the GPT-2 described above.
+
 References:
 1) the official GPT-2 TensorFlow implementation released by OpenAI:
 https://github.com/openai/gpt-2/blob/master/src/model.py
@@ -25,14 +29,18 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 class LayerNorm(nn.Module):
-    """ LayerNorm but with an optional bias. PyTorch doesn't support simply bias=False """
+    """ LayerNorm but with an optional bias. PyTorch doesn't support simply bias=False
+    rms=True (GPTConfig.norm='rmsnorm'): RMSNorm, which subtracts no mean and has no bias, keeping the gain. """
 
-    def __init__(self, ndim, bias):
+    def __init__(self, ndim, bias, rms=False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias and not rms else None
+        self.rms = rms
 
     def forward(self, input):
+        if self.rms:
+            return F.rms_norm(input, self.weight.shape, self.weight, 1e-5)
         return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
 
 class CausalSelfAttention(nn.Module):
@@ -50,20 +58,40 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
+        self.qk_norm = config.qk_norm
 
-    def forward(self, x):
+    def forward(self, x, rotary=None):
         B, T, C = x.size() # batch size, sequence length, embedding dimensionality (n_embd)
         # calculate query, key, values for all heads in batch and move head forward to be the batch dim
         q, k, v  = self.c_attn(x).split(self.n_embd, dim=2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
+        if self.qk_norm: # each head's queries and keys to unit RMS: attention logits stay bounded (no weights)
+            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+        if rotary is not None: # pos_emb='rope': positions enter as rotations of q and k, GPT.forward's (cos, sin)
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         # causal self-attention; flash attention where the hardware has it, never a (T, T) matrix in memory there
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C) # re-assemble all head outputs side by side
         # output projection
         y = self.resid_dropout(self.c_proj(y))
         return y
+
+def rotary_cos_sin(pos, head_size, base=10000.0):
+    """The rotary embedding's (cos, sin) for positions `pos` (t,): each (t, head_size / 2), pair i of a head turning
+    at base**(-2i / head_size) radians a position (RoFormer, arXiv:2104.09864). Computed in fp32 from `pos` on
+    every forward: cheap, no buffer for weight_dtype to cast, and any positions (a cache's offset) work."""
+    inv_freq = base ** -(torch.arange(0, head_size, 2, dtype=torch.float32, device=pos.device) / head_size)
+    angles = torch.outer(pos.to(torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x, cos, sin):
+    """x (B, nh, T, hs) with the pairs (x[..., i], x[..., i + hs/2]) rotated by the angles of cos, sin (T, hs/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
 
 class MLP(nn.Module):
 
@@ -73,10 +101,11 @@ class MLP(nn.Module):
         self.gelu    = nn.GELU()
         self.c_proj  = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
+        self.relu2 = config.mlp == 'relu2'
 
     def forward(self, x):
         x = self.c_fc(x)
-        x = self.gelu(x)
+        x = F.relu(x).square() if self.relu2 else self.gelu(x) # relu2: ReLU squared, modded-nanogpt's activation
         x = self.c_proj(x)
         x = self.dropout(x)
         return x
@@ -85,13 +114,13 @@ class Block(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm')
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm')
         self.mlp = MLP(config)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, rotary=None):
+        x = x + self.attn(self.ln_1(x), rotary)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -108,6 +137,15 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True # True: bias in Linears and LayerNorms, like GPT-2. False: a bit better and faster
+    # Modern options (modded-nanogpt's speedrun architecture, which nanochat also trains); the defaults are GPT-2's.
+    # Each acts where its comment says; train.py records in model_args only those that differ from these defaults.
+    pos_emb: str = 'learned' # 'learned': GPT-2's table wpe; 'rope': rotary embeddings in attention, no wpe
+    norm: str = 'layernorm' # 'layernorm', or 'rmsnorm': ln_1, ln_2 and ln_f as RMSNorm (no mean, no bias)
+    qk_norm: bool = False # True: RMSNorm each head's queries and keys before attention
+    mlp: str = 'gelu' # 'gelu', or 'relu2': relu(x)**2 in the MLP
+    tie_weights: bool = True # False: lm_head has its own matrix rather than sharing wte's
+    zero_init_proj: bool = False # True: c_proj weights (and an untied lm_head) start at zero: each block an identity
+    logit_softcap: float = 0.0 # > 0: logits become logit_softcap * tanh(logits / logit_softcap); 0: off
 
 class GPT(nn.Module):
 
@@ -125,13 +163,14 @@ class GPT(nn.Module):
 
         self.transformer = nn.ModuleDict(dict(
             wte = nn.Embedding(config.vocab_size, config.n_embd),
-            wpe = nn.Embedding(config.block_size, config.n_embd),
+            wpe = nn.Embedding(config.block_size, config.n_embd) if config.pos_emb == 'learned' else None,
             drop = nn.Dropout(config.dropout),
             h = nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f = LayerNorm(config.n_embd, bias=config.bias),
+            ln_f = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm'),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight # https://paperswithcode.com/method/weight-tying
+        if config.tie_weights:
+            self.transformer.wte.weight = self.lm_head.weight # https://paperswithcode.com/method/weight-tying
 
         # init all weights
         self.apply(self._init_weights)
@@ -139,6 +178,10 @@ class GPT(nn.Module):
         for pn, p in self.named_parameters():
             if pn.endswith('c_proj.weight'):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02/math.sqrt(2 * config.n_layer))
+        if config.zero_init_proj: # modded-nanogpt's: blocks add nothing at first, and an untied head predicts uniform
+            for pn, p in self.named_parameters():
+                if pn.endswith('c_proj.weight') or (pn == 'lm_head.weight' and not config.tie_weights):
+                    torch.nn.init.zeros_(p)
 
     def get_num_params(self, non_embedding=True):
         """
@@ -146,10 +189,14 @@ class GPT(nn.Module):
         For non-embedding count (default), the position embeddings get subtracted.
         The token embeddings would too, except due to the parameter sharing these
         params are actually used as weights in the final layer, so we include them.
+        (Untied, lm_head is that final layer and wte is subtracted; rotary embeddings have no parameters.)
         """
         n_params = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n_params -= self.transformer.wpe.weight.numel()
+            if self.transformer.wpe is not None:
+                n_params -= self.transformer.wpe.weight.numel()
+            if not self.config.tie_weights:
+                n_params -= self.transformer.wte.weight.numel()
         return n_params
 
     def _init_weights(self, module):
@@ -174,20 +221,28 @@ class GPT(nn.Module):
 
         # forward the GPT model itself
         tok_emb = self.transformer.wte(idx) # token embeddings of shape (b, t, n_embd)
-        pos_emb = self.transformer.wpe(pos) # position embeddings of shape (t, n_embd)
-        x = self.transformer.drop(tok_emb + pos_emb)
+        rotary = None
+        if self.transformer.wpe is not None:
+            pos_emb = self.transformer.wpe(pos) # position embeddings of shape (t, n_embd)
+            x = self.transformer.drop(tok_emb + pos_emb)
+        else: # pos_emb='rope': the positions are rotations of each attention's queries and keys
+            rotary = rotary_cos_sin(pos, self.config.n_embd // self.config.n_head)
+            x = self.transformer.drop(tok_emb)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.transformer.h:
             # non-reentrant checkpointing: works with torch.compile and DDP, and restores the RNG for dropout
-            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
+            x = checkpoint(block, x, rotary, use_reentrant=False) if recompute else block(x, rotary)
         x = self.transformer.ln_f(x)
 
+        softcap = self.config.logit_softcap
         if targets is not None:
             loss = self.loss_fn(x.view(b * t, -1), self.lm_head.weight, targets.view(-1), ignore_index=-1,
-                                reduction=reduction)
+                                reduction=reduction, **({'softcap': softcap} if softcap else {}))
             return None, (loss if reduction == 'mean' else loss.view(b, t))
         # inference-time mini-optimization: only forward the lm_head on the very last position
         logits = self.lm_head(x[:, [-1], :]) # note: using list [-1] to preserve the time dim
+        if softcap:
+            logits = softcap * torch.tanh(logits / softcap)
         return logits, None
 
     def crop_block_size(self, block_size):
@@ -196,7 +251,8 @@ class GPT(nn.Module):
         # but want to use a smaller block size for some smaller, simpler model
         assert block_size <= self.config.block_size
         self.config.block_size = block_size
-        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        if self.transformer.wpe is not None: # rotary embeddings have no table to crop
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
 
     # GPT-2 sizes, as published by OpenAI
     PRETRAINED_ARGS = {
@@ -343,11 +399,20 @@ def _scaled(x, factor, dtype):
     return torch.mul(x, factor, out=torch.empty(x.shape, dtype=dtype, device=x.device))
 
 
-def _softmax_chunk(logits, targets, valid, row_factors, need_grad, fold_scales):
+def _softmax_chunk(logits, targets, valid, row_factors, need_grad, fold_scales, softcap=0.0, tanh=None):
     """One chunk's cross-entropy, eagerly. logits: (rows, V) fp32 (fp64) logits in base 2, overwritten; targets (0 on
     ignored rows), valid and row_factors: (rows, 1). Returns the (rows, 1) losses in bits (0 on ignored rows) and,
     with need_grad, the rows' gradient factors (rows, 1), logits then holding sum * (softmax - onehot) (fold_scales)
-    or softmax - onehot. Each op is a pass over the chunk, so each runs in place: no temporary of the chunk's size."""
+    or softmax - onehot. Each op is a pass over the chunk, so each runs in place: no temporary of the chunk's size.
+    softcap > 0: logits come in as z / softcap (natural units) and are capped to softcap * tanh(z / softcap) in bits
+    here; with need_grad, `tanh` (a buffer of logits' shape) keeps the tanh for the factor 1 - tanh**2 of the
+    gradient, d capped / d z."""
+    if softcap:
+        if need_grad:
+            torch.tanh(logits, out=tanh)
+            torch.mul(tanh, softcap * LOG2E, out=logits)
+        else:
+            logits.tanh_().mul_(softcap * LOG2E)
     row_max = logits.amax(1, keepdim=True)
     target_logits = logits.gather(1, targets)
     logits.sub_(row_max).exp2_()
@@ -361,15 +426,20 @@ def _softmax_chunk(logits, targets, valid, row_factors, need_grad, fold_scales):
         logits.div_(sum_exp)
         target_terms, row_scales = torch.full_like(sum_exp, -1.0), row_factors
     logits.scatter_add_(1, targets, target_terms)
+    if softcap:
+        logits.mul_(tanh.square_().neg_().add_(1.0))
     return losses, row_scales
 
 
-def _softmax_chunk_fused(logits, targets, valid, row_factors, need_grad, fold_scales):
+def _softmax_chunk_fused(logits, targets, valid, row_factors, need_grad, fold_scales, softcap=0.0, tanh=None):
     """_softmax_chunk written for torch.compile: the same arguments and results, but logits may be in the matmul's
     dtype (bf16 logits are upcast inside the kernel: an fp32 softmax without an fp32 buffer). Inductor fuses it: the
     chunk is read for its max and sum, then read again and the gradient written over it, where _softmax_chunk makes
-    four to six passes. Comparing column indices with the targets replaces scatter_add_, which would stop the fusion."""
+    four to six passes. Comparing column indices with the targets replaces scatter_add_, which would stop the fusion.
+    softcap's tanh is recomputed in the second read, so the `tanh` buffer is not needed (None)."""
     x = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if softcap:
+        x = torch.tanh(x) * (softcap * LOG2E)
     row_max = x.amax(1, keepdim=True)
     target_logits = x.gather(1, targets)
     exp = torch.exp2(x - row_max)
@@ -383,7 +453,10 @@ def _softmax_chunk_fused(logits, targets, valid, row_factors, need_grad, fold_sc
         exp = exp / sum_exp
         target_terms, row_scales = -1.0, row_factors
     is_target = torch.arange(x.shape[1], device=x.device) == targets
-    logits.copy_(torch.where(is_target, exp + target_terms, exp))
+    grad = torch.where(is_target, exp + target_terms, exp)
+    if softcap:
+        grad = grad * (1.0 - torch.tanh(logits.to(x.dtype)) ** 2)
+    logits.copy_(grad)
     return losses, row_scales
 
 
@@ -393,7 +466,7 @@ _compiled_softmax_chunk = torch.compile(_softmax_chunk_fused, dynamic=True, full
 
 
 def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
-                            need_hidden_grad, need_weight_grad, per_row=False, fused=False):
+                            need_hidden_grad, need_weight_grad, per_row=False, fused=False, softcap=0.0):
     """Mean cross-entropy of (hidden @ weight.T) against targets, chunk by chunk over the rows.
     With gradients asked for, they are computed in the same pass: d loss / d logits = (softmax - onehot) / n_valid
     for each chunk, then grad_hidden = g @ W and grad_weight += g.T @ h, so the total work is the three N*d*V
@@ -409,7 +482,10 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
     normalized in fp32 before the cast and 1 / n_valid applied to the fp32 results.
     fused=True runs each chunk's softmax as compiled kernels (_softmax_chunk_fused) instead of _softmax_chunk's
     passes; its buffer is row-major, what a kernel reducing along rows reads best, in the compute dtype.
-    per_row=True returns the (N,) losses of the rows (0 on ignored rows) instead of their mean."""
+    per_row=True returns the (N,) losses of the rows (0 on ignored rows) instead of their mean.
+    softcap > 0 caps the logits z to softcap * tanh(z / softcap): the factor folded into the rows is 1 / softcap
+    instead of log2(e), the chunk's softmax applies tanh and log2(e) * softcap, and the eager path keeps the tanh in
+    a second buffer of the chunk's size for the gradient."""
     w = weight.to(compute_dtype)  # the matmuls run in the compute dtype; casts are explicit: autocast changes nothing
     acc_dtype = torch.promote_types(compute_dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
     fold_scales = compute_dtype != torch.float16
@@ -427,18 +503,22 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
     softmax_chunk = _compiled_softmax_chunk if fused else _softmax_chunk
     chunk_buffer = torch.empty(min(chunk_size, n_rows) * vocab_size, dtype=compute_dtype if fused else acc_dtype,
                                device=hidden.device)
+    tanh_buffer = torch.empty_like(chunk_buffer) if softcap and need_grad and not fused else None
+    # logits in base 2 (exp2 of them is exp of the logits), or z / softcap for the cap's tanh
+    logit_factor = 1.0 / softcap if softcap else LOG2E
     for start in range(0, n_rows, chunk_size):
         rows = slice(start, start + chunk_size)
         h = hidden[rows]
-        h_log2e = _scaled(h, LOG2E, compute_dtype)  # logits in base 2: exp2 of them is exp of the logits
+        h_log2e = _scaled(h, logit_factor, compute_dtype)
         chunk = chunk_buffer[:vocab_size * h.shape[0]]  # contiguous for any rows
         logits = chunk.view(h.shape[0], vocab_size) if fused else chunk.view(vocab_size, h.shape[0]).t()
+        tanh = None if tanh_buffer is None else tanh_buffer[:chunk.numel()].view(vocab_size, h.shape[0]).t()
         if logits.dtype == compute_dtype:
             torch.mm(h_log2e, w.t(), out=logits)
         else:
             logits.copy_((w @ h_log2e.t()).t())  # in the buffer's layout; softmax in fp32, as F.cross_entropy does
         chunk_losses, row_scales = softmax_chunk(logits, safe_targets[rows], valid[rows], row_factors[rows],
-                                                 need_grad, fold_scales)
+                                                 need_grad, fold_scales, softcap, tanh)
         loss_sum += chunk_losses.sum()
         if row_losses is not None:
             row_losses[rows] = chunk_losses.squeeze(1)
@@ -475,9 +555,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
     which carries gradient-accumulation (1/k) and GradScaler factors."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused):
+    def forward(ctx, hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused, softcap):
         loss, grad_hidden, grad_weight = _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size,
-                                                                 compute_dtype, *ctx.needs_input_grad[:2], fused=fused)
+                                                                 compute_dtype, *ctx.needs_input_grad[:2], fused=fused,
+                                                                 softcap=softcap)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         return loss
@@ -493,22 +574,24 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_hidden = scale(grad_hidden, grad_loss.to(grad_hidden.dtype))
         if grad_weight is not None:
             grad_weight = scale(grad_weight, grad_loss).to(ctx.weight_dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None
 
 
-def _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused):
+def _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused, softcap):
     """The (N,) losses, 0 on ignored rows: only the other rows are projected onto the vocabulary."""
     keep = targets != ignore_index
     kept = _chunked_loss_and_grads(hidden[keep], weight, targets[keep], ignore_index, chunk_size, compute_dtype,
-                                   False, False, per_row=True, fused=fused)[0]
+                                   False, False, per_row=True, fused=fused, softcap=softcap)[0]
     losses = kept.new_zeros(targets.shape)
     losses[keep] = kept
     return losses
 
 
-def chunked_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean'):
+def chunked_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean',
+                          softcap=0.0):
     """Mean cross-entropy of the logits `hidden @ weight.T` against `targets`, ignoring `ignore_index`,
-    without ever holding more than about chunk_size x V logits.
+    without ever holding more than about chunk_size x V logits. softcap > 0: of the logits
+    softcap * tanh(logits / softcap) (Gemma 2's logit soft-capping), with their exact gradients.
 
     hidden (N, d), weight (V, d), targets (N,) -> scalar. chunk_size=None uses default_chunk_size(V).
     With gradients enabled the forward pass also computes both gradients (weight gradient accumulated in fp32);
@@ -518,11 +601,11 @@ def chunked_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_siz
     Called from code that torch.compile compiles (a compiled GPT), each chunk's softmax runs as compiled kernels
     (the chunk loop and its matmuls stay eager); called eagerly, all of it is eager."""
     return _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, reduction,
-                                  fused=torch.compiler.is_compiling())
+                                  fused=torch.compiler.is_compiling(), softcap=float(softcap))
 
 
 @torch.compiler.disable  # a graph break here is cheap; the chunk loop stays eager under torch.compile
-def _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, reduction, fused):
+def _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, reduction, fused, softcap=0.0):
     """chunked_cross_entropy, run outside torch.compile's graphs; fused: each chunk's softmax compiled."""
     if chunk_size is None:
         chunk_size = default_chunk_size(weight.shape[0])
@@ -533,11 +616,12 @@ def _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, re
             raise RuntimeError("chunked_cross_entropy(reduction='none') has no gradients: call it under "
                                "torch.no_grad()")
         with torch.no_grad():
-            return _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused)
+            return _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused, softcap)
     if reduction != 'mean':
         raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
     if not wants_grad:
         with torch.no_grad():
             return _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
-                                           False, False, fused=fused)[0]
-    return _LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused)
+                                           False, False, fused=fused, softcap=softcap)[0]
+    return _LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused,
+                                     softcap)

@@ -50,11 +50,11 @@ from training.device import TORCH_DTYPES, check_device, peak_flops
 from training.errors import fail, first_line, install_handler, on_error
 from training.hellaswag import cached_val_file, evaluate, read_examples
 from training.memory.advice import cuda_memory_stats, oom_advice
-from training.optim import build_optimizer, group_lr
+from training.optim import build_optimizer, group_lr, muon_momentum_at
 from training.paths import check_writable_dir
 from training.parallel import (collective_failure, exit_with_launcher, fsdp_param_dtype, full_state_dicts,
                                set_gradient_sync, shard_model, shard_optimizer_state)
-from training.schedule import cosine_lr
+from training.schedule import scheduled_lr
 
 install_handler() # bad input, found anywhere below, ends the run with one line and exit status 2 (training/errors.py)
 if int(os.environ.get('RANK', 0)) != 0:
@@ -92,6 +92,14 @@ n_head = 12
 n_embd = 768
 dropout = 0.0 # for pretraining 0 is good, for finetuning try 0.1+
 bias = False # do we use bias inside LayerNorm and Linear layers?
+# modern architecture (modded-nanogpt's; docs/modern_recipe.md): GPT-2's by default, recorded in model_args when changed
+pos_emb = 'learned' # 'learned' (GPT-2's wpe table) or 'rope' (rotary embeddings in attention, no wpe)
+norm = 'layernorm' # 'layernorm' or 'rmsnorm'
+qk_norm = False # RMSNorm each head's queries and keys before attention
+mlp = 'gelu' # 'gelu' or 'relu2' (ReLU squared)
+tie_weights = True # False: an untied lm_head, its own matrix
+zero_init_proj = False # start the blocks' output projections (and an untied lm_head) at zero
+logit_softcap = 0.0 # > 0: logits capped to logit_softcap * tanh(logits / logit_softcap), e.g. 15; 0 = off
 activation_checkpointing = False # recompute each block in backward: much less activation memory, ~30% more compute
 autocast_cache = False # keep autocast's low-precision copy of every weight through each forward (torch's default)
 auto_batch_size = False # on CUDA, estimate_memory.py picks batch_size and gradient_accumulation_steps for the card
@@ -105,10 +113,15 @@ grad_clip = 1.0 # clip gradients at this value, or disable if == 0.0
 optim = 'adamw' # 'adamw' (fp32 moments), 'adamw_bf16', 'adamw_8bit' (torchao's 8-bit moments) or 'muon'
 muon_learning_rate = 0.02 # optim='muon': max lr of the blocks' matrices (Keller Jordan's Muon; nanochat's matrix_lr)
 muon_momentum = 0.95 # optim='muon': Muon's Nesterov momentum (Keller Jordan's, and torch.optim.Muon's default)
+muon_momentum_warmup_iters = 0 # optim='muon': momentum from 0.85 up to muon_momentum over these iters (nanochat: 300)
+embedding_learning_rate = 0.0 # optim='muon': max lr of the embeddings (AdamW; tied, the head too), 0 = learning_rate
+head_learning_rate = 0.0 # optim='muon', tie_weights=False: max lr of the untied lm_head (AdamW), 0 = learning_rate
 optimizer_in_backward = False # update each parameter in backward and free its gradient: needs accumulation 1, no clip
 weight_dtype = 'float32' # 'bfloat16': weights and gradients in bf16, no fp32 copy, updates rounded stochastically
 # learning rate decay settings
 decay_lr = True # whether to decay the learning rate
+lr_schedule = 'cosine' # 'cosine' (nanoGPT's), or 'wsd': warmup, stable at learning_rate, linear decay at the end
+cooldown_frac = 0.2 # lr_schedule='wsd': the last fraction of lr_decay_iters over which the lr decays to min_lr
 warmup_iters = 2000 # how many steps to warm up for
 lr_decay_iters = 600000 # should be ~= max_iters per Chinchilla
 min_lr = 6e-5 # minimum learning rate, should be ~= learning_rate/10 per Chinchilla
@@ -372,9 +385,11 @@ on_error(torch.OutOfMemoryError, oom_message)
 while True:
 
     # determine and set the learning rate for this iteration
-    lr = cosine_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters) if decay_lr else learning_rate
+    lr = scheduled_lr(iter_num, config) if decay_lr else learning_rate # lr_schedule's: nanoGPT's cosine or wsd
     for param_group in optimizer.param_groups:
         param_group['lr'] = group_lr(param_group, lr, config) # optim='muon': its groups' lr in proportion
+        if param_group.get('muon'): # and Muon's momentum warmup
+            param_group['momentum'] = muon_momentum_at(iter_num, config)
 
     # evaluate the loss on train/val sets and write checkpoints
     if iter_num % eval_interval == 0 or eval_only:

@@ -25,6 +25,14 @@ TINY_ARGS = ['--device=cpu', '--dtype=float32', '--compile=False', f'--dataset={
              '--lr_decay_iters=100', '--eval_iters=2', '--log_interval=1', '--wandb_log=False']
 
 
+# every modern architecture option of GPTConfig (model.py) on, as train.py keys
+MODERN_ARCH_ARGS = ['--pos_emb=rope', '--norm=rmsnorm', '--qk_norm=True', '--mlp=relu2', '--tie_weights=False',
+                    '--zero_init_proj=True', '--logit_softcap=15.0']
+# and the optimizer and schedule of the recipe: Muon, its momentum warmup, per-group learning rates, wsd
+MODERN_RECIPE_ARGS = [*MODERN_ARCH_ARGS, '--optim=muon', '--muon_momentum_warmup_iters=4', '--lr_schedule=wsd',
+                      '--embedding_learning_rate=0.05', '--head_learning_rate=0.004']
+
+
 # one micro-batch per process per iteration at world size 2, two in one process: the same global batch
 PARALLEL_ARGS = [*TINY_ARGS, '--gradient_accumulation_steps=2', '--eval_interval=2']
 

@@ -11,7 +11,7 @@ import tiktoken
 import torch
 import torch.nn.functional as F
 
-from helpers import TINY_ARGS, gpt2_cached, patched_env, run_script, tiny_encoding, torchrun
+from helpers import MODERN_ARCH_ARGS, TINY_ARGS, gpt2_cached, patched_env, run_script, tiny_encoding, torchrun
 from model import GPT, GPTConfig
 from training.checkpoint import save_checkpoint
 from training.errors import ConfigError
@@ -300,8 +300,9 @@ def hellaswag_lines(stdout):
 
 
 @pytest.mark.slow
-def test_train_py_scores_hellaswag_at_each_evaluation(tmp_path):
-    result = train_with_hellaswag(tmp_path)
+@pytest.mark.parametrize('architecture', [[], MODERN_ARCH_ARGS], ids=['gpt2', 'modern'])
+def test_train_py_scores_hellaswag_at_each_evaluation(tmp_path, architecture):
+    result = train_with_hellaswag(tmp_path, *architecture)
     assert result.returncode == 0, result.stderr
     lines = hellaswag_lines(result.stdout)
     assert [line.split(':')[0] for line in lines] == ['hellaswag 0', 'hellaswag 2']

@@ -23,9 +23,7 @@ ARGS = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, bias=True, vocab_size
 def trained_like_gpt(seed, tied=True, **args):
     """A GPT whose weights are random but not init-shaped (biases and LayerNorms nonzero), as after training."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(**{**ARGS, **args}))
-    if not tied:
-        model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight) * 0.02)
+    model = GPT(GPTConfig(**{**ARGS, **args}, tie_weights=tied))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)

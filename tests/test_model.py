@@ -273,8 +273,10 @@ def test_activation_checkpointing_same_loss_and_gradients():
 
 
 @pytest.mark.slow
-def test_compiled_model_matches_eager_and_runs_the_compiled_chunks(monkeypatch):
-    model = tiny_gpt()
+@pytest.mark.parametrize('options', [{}, dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2',
+                                               tie_weights=False, logit_softcap=3.0)], ids=['gpt2', 'modern'])
+def test_compiled_model_matches_eager_and_runs_the_compiled_chunks(monkeypatch, options):
+    model = tiny_gpt(**options)
     x = torch.randint(0, 50, (2, 16))
     fused_calls = []
     compiled_chunk = model_lib._compiled_softmax_chunk

@@ -236,3 +236,23 @@ def test_bench_optim_prints_both_curves_and_the_state_bytes(data_dir):
     matrix_bytes = {name: int(text.split("blocks' matrices ")[1].split(' ')[0].replace(',', ''))
                     for name, text in state.items()}
     assert matrix_bytes['adamw'] == 2 * matrix_bytes['muon'] + 4 * 4  # AdamW's 4 scalar step counters
+
+
+def test_untied_head_and_embeddings_get_their_own_learning_rates_and_momentum_warms_up():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=96, bias=True, dropout=0.0,
+                          pos_emb='rope', tie_weights=False))
+    config = {**CONFIG, 'embedding_learning_rate': 0.3, 'head_learning_rate': 0.004, 'muon_momentum_warmup_iters': 4}
+    optimizer = optim.build_optimizer(model, config, 'cpu')
+    names = {p: name for name, p in model.named_parameters()}
+    muon, embedding, head, no_decay = optimizer.param_groups
+    assert [names[p] for p in embedding['params']] == ['transformer.wte.weight']
+    assert [names[p] for p in head['params']] == ['lm_head.weight'] and head['weight_decay'] == 0.1
+    # train.py's scheduled learning_rate at half its peak: every group at half of its own peak
+    assert [optim.group_lr(group, 5e-4, config) for group in optimizer.param_groups] == pytest.approx(
+        [0.01, 0.15, 0.002, 5e-4])
+    assert [optim.muon_momentum_at(it, config) for it in (0, 2, 4, 100)] == pytest.approx([0.85, 0.9, 0.95, 0.95])
+    assert optim.muon_momentum_at(0, CONFIG) == 0.95  # no warmup: muon_momentum from the start
+    # unset (0), each group follows learning_rate, as before the keys existed
+    assert [optim.group_lr(group, 5e-4, CONFIG) for group in optimizer.param_groups] == pytest.approx(
+        [0.01, 5e-4, 5e-4, 5e-4])

@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from helpers import (PARALLEL_ARGS as ARGS, ROOT, assert_same_losses, logged_losses, run_script, torchrun,
-                     write_char_dataset)
+from helpers import (MODERN_ARCH_ARGS, PARALLEL_ARGS as ARGS, ROOT, assert_same_losses, logged_losses, run_script,
+                     torchrun, write_char_dataset)
 
 pytestmark = pytest.mark.slow  # every test here runs train.py, most under torchrun
 MODES = ('ddp', 'zero1', 'fsdp')
@@ -78,6 +78,20 @@ def test_resume_under_another_mode_and_world_size(runs, tmp_path, saved, resumed
     assert_same_losses(result.stdout, single, 'step', (4, 6))
     # the master's note when the saved RNG states are of another world size (every saved run here had 2 processes)
     assert result.stdout.count('note: ') == (processes != 2)
+
+
+@pytest.mark.parametrize('mode', MODES)
+def test_modern_architecture_on_two_processes_matches_one(runs, tmp_path, mode):
+    """The modern options, with the recipe's Muon where the mode allows it (fsdp splits the matrices Muon needs)."""
+    recipe = [*MODERN_ARCH_ARGS, '--lr_schedule=wsd', *(['--optim=muon', '--muon_momentum_warmup_iters=2']
+                                                         if mode != 'fsdp' else [])]
+    args = [*ARGS, *recipe, f'--data_dir={runs[1]}', '--max_iters=4']
+    single = run_script('train.py', *args, f'--out_dir={tmp_path / "single"}')
+    double = torchrun(*args, f'--out_dir={tmp_path / mode}', f'--parallelism={mode}')
+    assert single.returncode == 0 and double.returncode == 0, double.stderr[-3000:]
+    assert_same_losses(double.stdout, single.stdout, 'iter', range(5))
+    assert_same_losses(double.stdout, single.stdout, 'step', (0, 2, 4))
+    assert load(tmp_path / mode)['model_args']['pos_emb'] == 'rope'
 
 
 def test_fsdp_mixed_precision_trains_like_one_process_in_bf16(runs, tmp_path):

@@ -17,7 +17,7 @@ from training.device import peak_flops
 from training.errors import ConfigError, fail
 from training.parallel import collective_failure
 from training.paths import check_writable_dir
-from training.schedule import cosine_lr
+from training.schedule import cosine_lr, wsd_lr
 
 
 @pytest.fixture
@@ -81,6 +81,39 @@ def test_model_args_refuse_what_does_not_fit(config):
     assert rules.model_args({**config, 'hellaswag': True}, None)[0]['vocab_size'] == rules.DEFAULT_VOCAB_SIZE
 
 
+def test_model_args_of_a_gpt2_architecture_are_nanogpts_and_modern_keys_are_recorded(config):
+    nanogpt_keys = {'n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size', 'dropout'}
+    assert set(rules.model_args(config, None)[0]) == nanogpt_keys  # nanoGPT's GPTConfig(**model_args) takes them
+    modern = {'pos_emb': 'rope', 'mlp': 'relu2', 'logit_softcap': 15.0}
+    args = rules.model_args({**config, **modern}, None)[0]
+    assert set(args) == nanogpt_keys | set(modern) and all(args[k] == v for k, v in modern.items())
+    resumed = dict(n_layer=3, n_head=2, n_embd=32, block_size=32, bias=True, vocab_size=64, dropout=0.0)
+    # a checkpoint without the keys (nanoGPT's) is GPT-2's architecture, whatever the config says; one with them
+    # keeps them
+    assert set(rules.model_args({**config, **modern, 'init_from': 'resume'}, None, resumed)[0]) == nanogpt_keys
+    args = rules.model_args({**config, 'init_from': 'resume'}, None, {**resumed, 'norm': 'rmsnorm'})[0]
+    assert args['norm'] == 'rmsnorm'
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'pos_emb': 'alibi'}, "unknown pos_emb 'alibi': use one of 'learned', 'rope'"),
+    ({'norm': 'batchnorm'}, "unknown norm 'batchnorm'"),
+    ({'mlp': 'swiglu'}, "unknown mlp 'swiglu'"),
+    ({'logit_softcap': -1.0}, 'logit_softcap must be 0 (off) or positive'),
+    ({'init_from': 'gpt2', 'pos_emb': 'rope'}, "init_from='gpt2' loads GPT-2 weights, trained with GPT-2's "
+                                               "architecture, which pos_emb='rope' changes: drop --pos_emb"),
+    ({'pos_emb': 'rope', 'n_embd': 30, 'n_head': 2}, 'n_embd / n_head = 15 is odd'),
+    ({'embedding_learning_rate': 0.3}, "embedding_learning_rate=0.3 sets a parameter group of optim='muon'"),
+    ({'optim': 'muon', 'muon_momentum_warmup_iters': -1}, 'muon_momentum_warmup_iters must be 0 or more'),
+    ({'lr_schedule': 'linear'}, "unknown lr_schedule 'linear': use 'cosine' or 'wsd'"),
+    ({'lr_schedule': 'wsd', 'cooldown_frac': 0.0}, 'cooldown_frac must be in (0, 1]'),
+])
+def test_modern_keys_out_of_range_are_one_line(config, overrides, message):
+    with pytest.raises(ConfigError) as e:
+        rules.check_config({**config, **overrides}, 1, 'cpu')
+    assert message in str(e.value) and '\n' not in str(e.value)
+
+
 def test_check_dataset(config, tmp_path):
     with pytest.raises(ConfigError, match=r"dataset 'tiny' is not prepared: .*train.bin not found"):
         rules.check_dataset(config)
@@ -119,6 +152,15 @@ def test_schedule_is_nanogpts_and_defined_where_nanogpts_divides_by_zero():
         assert cosine_lr(it, 6e-4, 6e-5, 10, 100) == pytest.approx(nanogpt_get_lr(it, 6e-4, 6e-5, 10, 100), abs=1e-15)
     assert [cosine_lr(it, 1.0, 0.1, 1, 1) for it in range(3)] == [0.5, 0.1, 0.1]  # nanoGPT: ZeroDivisionError at 1
     assert [cosine_lr(it, 1.0, 0.1, 4, 2) for it in (3, 4, 5)] == [0.8, 0.1, 0.1]  # decay ends before warmup does
+
+
+def test_wsd_warms_up_as_cosine_holds_then_decays_linearly_to_min_lr():
+    lrs = [wsd_lr(it, 1.0, 0.1, 2, 10, 0.3) for it in range(12)]
+    assert lrs[:2] == [cosine_lr(it, 1.0, 0.1, 2, 10) for it in range(2)]  # the same warmup
+    assert lrs[2:7] == [1.0] * 5  # stable until the last 30% of lr_decay_iters
+    assert lrs[7:] == pytest.approx([1.0, 0.7, 0.4, 0.1, 0.1])  # linear from iter 7 to min_lr at 10, then held
+    # a cooldown longer than what follows the warmup starts right after it
+    assert [wsd_lr(it, 1.0, 0.0, 4, 8, 1.0) for it in (3, 4, 6, 8)] == pytest.approx([0.8, 1.0, 0.5, 0.0])
 
 
 def test_writable_dir_check_leaves_nothing_behind(tmp_path):

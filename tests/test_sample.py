@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from helpers import TEXT, run_script
+from helpers import MODERN_ARCH_ARGS, TEXT, TINY_ARGS, run_script, write_char_dataset
 
 pytestmark = pytest.mark.slow  # every test here runs sample.py on a trained checkpoint
 SEPARATOR = '\n---------------\n'
@@ -36,6 +36,19 @@ def test_samples_from_checkpoint_with_file_prompt(tiny_run, tmp_path):
     for text in texts:
         assert text.startswith('First') and len(text) == len('First') + 40 and set(text) <= set(TEXT)
     assert samples_of(from_file.stdout) == texts  # same prompt, same seed: same samples
+
+
+def test_samples_from_a_modern_architecture_checkpoint(tmp_path):
+    """Rotary positions, soft-capped logits and the rest, as train.py saved them, generate as the default does."""
+    write_char_dataset(tmp_path / 'data')
+    trained = run_script('train.py', *TINY_ARGS, *MODERN_ARCH_ARGS, f'--data_dir={tmp_path / "data"}',
+                         f'--out_dir={tmp_path / "out"}', '--max_iters=4', '--eval_interval=4')
+    assert trained.returncode == 0, trained.stderr
+    first, second = (sample(tmp_path / 'out', '--start=First', '--seed=7') for _ in range(2))
+    assert first.returncode == 0, first.stderr
+    texts = samples_of(first.stdout)
+    assert len(texts) == 2 and all(text.startswith('First') and len(text) == len('First') + 40 for text in texts)
+    assert samples_of(second.stdout) == texts
 
 
 @pytest.mark.parametrize('case, args, message', [

@@ -13,7 +13,8 @@ import time
 import pytest
 import torch
 
-from helpers import ROOT, TEXT, TINY_ARGS, logged_losses, patched_env, run_script, write_char_dataset
+from helpers import (MODERN_ARCH_ARGS, MODERN_RECIPE_ARGS, ROOT, TEXT, TINY_ARGS, logged_losses, patched_env,
+                     run_script, write_char_dataset)
 
 pytestmark = pytest.mark.slow  # every test here runs train.py
 
@@ -60,8 +61,9 @@ def test_tiny_run_learns_and_checkpoints(tiny_run):
     assert checkpoint['config']['n_layer'] == 2 and len(checkpoint['rng_states']) == 1
 
 
-def test_resume_repeats_the_uninterrupted_run(tmp_path, data_dir):
-    args = ['--dropout=0.1', '--eval_interval=4']  # dropout: the RNG state must be restored too
+@pytest.mark.parametrize('architecture', [[], MODERN_RECIPE_ARGS], ids=['gpt2', 'modern recipe'])
+def test_resume_repeats_the_uninterrupted_run(tmp_path, data_dir, architecture):
+    args = ['--dropout=0.1', '--eval_interval=4', *architecture]  # dropout: the RNG state must be restored too
     whole = train(data_dir, tmp_path / 'whole', *args, '--max_iters=8')
     first = train(data_dir, tmp_path / 'split', *args, '--max_iters=4')
     second = train(data_dir, tmp_path / 'split', *args, '--max_iters=8', '--init_from=resume')
@@ -71,6 +73,25 @@ def test_resume_repeats_the_uninterrupted_run(tmp_path, data_dir):
     assert logged_losses(second.stdout) == {i: expected[i] for i in range(4, 9)}
     assert logged_losses(second.stdout, 'step') == {i: logged_losses(whole.stdout, 'step')[i] for i in (4, 8)}
     assert same_weights(load(tmp_path / 'whole')['model'], load(tmp_path / 'split')['model'])
+
+
+@pytest.mark.parametrize('levers', [
+    ['--activation_checkpointing=True', '--optim=muon'],
+    ['--dtype=bfloat16', '--weight_dtype=bfloat16', '--optim=adamw_bf16'],
+    ['--dtype=bfloat16', '--weight_dtype=bfloat16', '--optim=adamw_8bit', '--optimizer_in_backward=True',
+     '--grad_clip=0.0'],
+    ['--optimizer_in_backward=True', '--grad_clip=0.0', '--activation_checkpointing=True'],
+], ids=['checkpointing, muon', 'bf16 weights, bf16 moments', 'bf16 weights, 8-bit moments, in backward',
+        'in backward, checkpointing'])
+def test_modern_architecture_trains_with_each_lever(tmp_path, data_dir, levers):
+    if '--optim=adamw_8bit' in levers and importlib.util.find_spec('torchao') is None:
+        pytest.skip('adamw_8bit needs torchao: pip install -r requirements-dev.txt')
+    result = train(data_dir, tmp_path / 'out', *MODERN_ARCH_ARGS, *levers, '--max_iters=12', '--eval_interval=12')
+    assert result.returncode == 0, result.stderr
+    losses = logged_losses(result.stdout)
+    assert sorted(losses) == list(range(13)) and losses[12] < losses[0] - 0.3
+    saved = torch.load(tmp_path / 'out' / 'ckpt.pt', weights_only=False)  # our own file; torchao's 8-bit state
+    assert saved['model_args']['pos_emb'] == 'rope'
 
 
 def test_kill_during_training_then_resume(tmp_path, data_dir):

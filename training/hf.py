@@ -14,7 +14,7 @@ from training.hellaswag import GPT2_VOCAB_SIZE
 from training.meta import load_meta
 
 # model_args keys that GPT2Config expresses at any value; any other key exports only at GPTConfig's default
-EXPRESSIBLE_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'bias', 'dropout')
+EXPRESSIBLE_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'bias', 'dropout', 'tie_weights')
 # nn.GELU() is the exact erf GELU, 'gelu' in transformers; OpenAI's GPT-2 uses the tanh approximation 'gelu_new',
 # which GPT.from_pretrained has always run with the exact one (the outputs differ by about 1e-3)
 ACTIVATIONS = ('gelu', 'gelu_new')

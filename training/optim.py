@@ -54,6 +54,11 @@ def check_config(config, world_size):
     require(config['optim'])
     if config['optim'] == 'muon':
         check_muon(config, world_size)
+    else:
+        for key in MUON_ONLY_KEYS:
+            if config.get(key, 0) != 0:
+                raise ConfigError(f"{key}={config[key]} sets a parameter group of optim='muon', not of "
+                                  f"optim={config['optim']!r}: add --optim=muon, or drop --{key}")
     check_weight_dtype(config, world_size)
     if not config['optimizer_in_backward']:
         return
@@ -92,7 +97,16 @@ def check_muon(config, world_size):
                           f"--muon_learning_rate of 0 or more (e.g. 0.02)")
     if not 0.0 <= config['muon_momentum'] < 1.0:
         raise ConfigError(f"muon_momentum must be in [0, 1), got {config['muon_momentum']}: e.g. --muon_momentum=0.95")
+    for key in MUON_ONLY_KEYS:
+        if config.get(key, 0) < 0:
+            raise ConfigError(f"{key} must be 0 or more, got {config[key]}: e.g. --{key}=0 (the default)")
 
+
+# keys that only optim='muon' reads; 0, their default (and what a tool without them gets), changes nothing
+MUON_ONLY_KEYS = ('muon_momentum_warmup_iters', 'embedding_learning_rate', 'head_learning_rate')
+# Muon's momentum at iteration 0 with muon_momentum_warmup_iters: nanochat's base_train.py get_muon_momentum (and
+# modded-nanogpt's records) raise it linearly from 0.85 to 0.95 over the first 300 iterations
+MUON_MOMENTUM_START = 0.85
 
 WEIGHT_DTYPES = ('float32', 'bfloat16')
 
@@ -293,9 +307,21 @@ def _torchao_adamw8bit(bf16_weights):
 
 
 def group_lr(group, lr, config):
-    """The learning rate of `group` at an iteration whose scheduled learning_rate is `lr`: the Muon groups follow the
-    same schedule, scaled to muon_learning_rate at its peak."""
-    return lr * config['muon_learning_rate'] / config['learning_rate'] if group.get('muon') else lr
+    """The learning rate of `group` at an iteration whose scheduled learning_rate is `lr`: the groups of optim='muon'
+    follow the same schedule, scaled to their own peak: muon_learning_rate for the Muon group, and
+    embedding_learning_rate or head_learning_rate, where set (not 0), for the groups muon_param_groups marks so."""
+    if group.get('muon'):
+        return lr * config['muon_learning_rate'] / config['learning_rate']
+    peak = config.get(group.get('lr_key'), 0.0)
+    return lr * peak / config['learning_rate'] if peak else lr
+
+
+def muon_momentum_at(it, config):
+    """Muon's momentum at iteration `it`: from MUON_MOMENTUM_START up to muon_momentum, linearly over the first
+    muon_momentum_warmup_iters iterations (0: muon_momentum throughout)."""
+    warmup = config.get('muon_momentum_warmup_iters', 0)
+    frac = min(it / warmup, 1.0) if warmup > 0 else 1.0
+    return (1 - frac) * MUON_MOMENTUM_START + frac * config['muon_momentum']
 
 
 def muon_matrices(model):
@@ -306,18 +332,25 @@ def muon_matrices(model):
 
 def muon_param_groups(model, config):
     """nanoGPT's parameter groups (2-D tensors decayed, the rest not) with muon_matrices taken out into a Muon group;
-    the embeddings stay with AdamW, at learning_rate, as do the LayerNorms and biases."""
+    the embeddings stay with AdamW, as do the LayerNorms and biases, and an untied lm_head (tie_weights=False) gets
+    an AdamW group of its own. group_lr gives each its learning rate ('lr_key': the config key of its peak)."""
     matrices = muon_matrices(model)
-    in_muon = {id(p) for p in matrices}
-    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in in_muon]
+    head = [] if model.config.tie_weights else [model.lm_head.weight]
+    apart = {id(p) for p in matrices + head}
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in apart]
     decay, no_decay = [p for p in rest if p.dim() >= 2], [p for p in rest if p.dim() < 2]
     print(f"num Muon matrices: {len(matrices)}, with {sum(p.numel() for p in matrices):,} parameters; AdamW: "
-          f"{len(decay)} decayed tensors, {sum(p.numel() for p in decay):,} parameters, {len(no_decay)} not decayed, "
-          f"{sum(p.numel() for p in no_decay):,} parameters")
-    return [dict(params=matrices, muon=True, lr=config['muon_learning_rate'], momentum=config['muon_momentum'],
-                 weight_decay=config['weight_decay']),
-            dict(params=decay, lr=config['learning_rate'], weight_decay=config['weight_decay']),
-            dict(params=no_decay, lr=config['learning_rate'], weight_decay=0.0)]
+          f"{len(decay) + len(head)} decayed tensors, {sum(p.numel() for p in decay + head):,} parameters, "
+          f"{len(no_decay)} not decayed, {sum(p.numel() for p in no_decay):,} parameters")
+    groups = [dict(params=matrices, muon=True, lr=config['muon_learning_rate'], momentum=config['muon_momentum'],
+                   weight_decay=config['weight_decay']),
+              dict(params=decay, lr_key='embedding_learning_rate', weight_decay=config['weight_decay']),
+              dict(params=no_decay, weight_decay=0.0)]
+    if head:
+        groups.insert(2, dict(params=head, lr_key='head_learning_rate', weight_decay=config['weight_decay']))
+    for group in groups[1:]:
+        group['lr'] = group_lr(group, config['learning_rate'], config)
+    return groups
 
 
 class MuonAdamW(torch.optim.Optimizer):

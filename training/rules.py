@@ -1,8 +1,10 @@
 """What train.py accepts and which model a config builds: the rules that train.py and estimate_memory.py share, so the
 estimate is always of the run train.py would make. Each check raises a ConfigError whose one line names the key and
 the fix, before anything is created or written."""
+import dataclasses
 import os
 
+from model import GPTConfig
 from training import hf, optim, parallel
 from training.errors import ConfigError, first_line
 from training.hellaswag import GPT2_VOCAB_SIZE
@@ -10,6 +12,11 @@ from training.meta import META_NAME, load_meta
 
 DEFAULT_VOCAB_SIZE = 50304  # GPT-2's 50257 padded up to a multiple of 64, as nanoGPT does
 ARCHITECTURE_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size')
+# GPTConfig's modern options, train.py keys of the same names, and their GPT-2 defaults. model_args holds one only
+# where it differs from its default: a GPT-2 model's model_args are nanoGPT's, which nanoGPT's GPTConfig(**) takes
+MODERN_DEFAULTS = {field.name: field.default for field in dataclasses.fields(GPTConfig)
+                   if field.name not in (*ARCHITECTURE_KEYS, 'dropout')}
+MODERN_CHOICES = {'pos_emb': ('learned', 'rope'), 'norm': ('layernorm', 'rmsnorm'), 'mlp': ('gelu', 'relu2')}
 AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval',
                 'log_interval', 'n_layer', 'n_head', 'n_embd')
 
@@ -25,6 +32,11 @@ def check_config(config, world_size, device_type):
         raise ConfigError(f"hellaswag_examples must be at least 1, or 0 for all; got {config['hellaswag_examples']}")
     if not 0.0 <= config['dropout'] < 1.0:
         raise ConfigError(f"dropout is a probability in [0, 1), got {config['dropout']}: e.g. --dropout=0.1")
+    if config['lr_schedule'] not in ('cosine', 'wsd'):
+        raise ConfigError(f"unknown lr_schedule {config['lr_schedule']!r}: use 'cosine' or 'wsd'")
+    if config['lr_schedule'] == 'wsd' and not 0.0 < config['cooldown_frac'] <= 1.0:
+        raise ConfigError(f"cooldown_frac must be in (0, 1], got {config['cooldown_frac']}: the fraction of "
+                          f"lr_decay_iters the lr decays over, e.g. --cooldown_frac=0.2")
     if config['gradient_accumulation_steps'] % world_size != 0:
         raise ConfigError(f"gradient_accumulation_steps={config['gradient_accumulation_steps']} is not divisible by "
                           f"the {world_size} processes (each runs an equal share): use a multiple of {world_size}")
@@ -45,7 +57,28 @@ def check_config(config, world_size, device_type):
                           f"--batch_size yourself")
     if init_from == 'scratch' and config['n_embd'] % config['n_head'] != 0:
         raise ConfigError(f"n_embd={config['n_embd']} must be divisible by n_head={config['n_head']}")
+    check_architecture(config)
     optim.check_config(config, world_size)
+
+
+def check_architecture(config):
+    """ConfigError for a modern architecture key (MODERN_DEFAULTS) out of its range, or given to a model whose
+    architecture it cannot change."""
+    for key, choices in MODERN_CHOICES.items():
+        if config[key] not in choices:
+            raise ConfigError(f"unknown {key} {config[key]!r}: use one of {', '.join(map(repr, choices))}")
+    if config['logit_softcap'] < 0:
+        raise ConfigError(f"logit_softcap must be 0 (off) or positive, got {config['logit_softcap']}: e.g. "
+                          f"--logit_softcap=15")
+    changed = [key for key, default in MODERN_DEFAULTS.items() if config[key] != default]
+    if changed and config['init_from'] not in ('scratch', 'resume'):
+        raise ConfigError(f"init_from={config['init_from']!r} loads GPT-2 weights, trained with GPT-2's "
+                          f"architecture, which {changed[0]}={config[changed[0]]!r} changes: drop --{changed[0]}, "
+                          f"or train from scratch")
+    head_size = config['n_embd'] // config['n_head']
+    if config['init_from'] == 'scratch' and config['pos_emb'] == 'rope' and head_size % 2:
+        raise ConfigError(f"pos_emb='rope' rotates pairs of each head's dimensions, but n_embd / n_head = "
+                          f"{head_size} is odd: pick n_embd and n_head whose quotient is even")
 
 
 def dataset_path(config):
@@ -104,8 +137,11 @@ def model_args(config, meta_vocab, resumed_model_args=None):
     crop = None
     if init_from == 'scratch':
         args['vocab_size'] = meta_vocab if meta_vocab is not None else DEFAULT_VOCAB_SIZE
+        args.update({k: config[k] for k, default in MODERN_DEFAULTS.items() if config[k] != default})
     elif init_from == 'resume':
         args.update({k: resumed_model_args[k] for k in ARCHITECTURE_KEYS})  # the rest (dropout) as configured
+        # the modern options it was trained with; a checkpoint without them (nanoGPT's) is GPT-2's architecture
+        args.update({k: resumed_model_args[k] for k in MODERN_DEFAULTS if k in resumed_model_args})
     else:
         pretrained = hf.pretrained_config(init_from)
         args.update({k: getattr(pretrained, k) for k in ARCHITECTURE_KEYS})

@@ -1,4 +1,4 @@
-"""The learning rate schedule, nanoGPT's: linear warmup, cosine decay, then a floor."""
+"""The learning rate schedules: nanoGPT's (linear warmup, cosine decay, then a floor), and warmup-stable-decay."""
 import math
 
 
@@ -16,3 +16,27 @@ def cosine_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters):
     decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
     coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) # coeff ranges 0..1
     return min_lr + coeff * (learning_rate - min_lr)
+
+
+def wsd_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters, cooldown_frac):
+    """Warmup-stable-decay (lr_schedule='wsd'): cosine_lr's linear warmup, then learning_rate until the last
+    cooldown_frac of lr_decay_iters, then a linear decay that reaches min_lr at lr_decay_iters, min_lr after.
+    modded-nanogpt's and nanochat's schedule (they decay over the last 0.4 and 0.2 of training): the stable phase
+    needs no length fixed in advance, and the short decay gives most of the loss a cosine's long one does."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it >= lr_decay_iters:
+        return min_lr
+    decay_start = max(warmup_iters, lr_decay_iters - cooldown_frac * lr_decay_iters)
+    if it < decay_start:
+        return learning_rate
+    remaining = (lr_decay_iters - it) / (lr_decay_iters - decay_start)  # 1 at decay_start, to 0 at lr_decay_iters
+    return min_lr + remaining * (learning_rate - min_lr)
+
+
+def scheduled_lr(it, config):
+    """The learning rate of iteration `it` under config's lr_schedule ('cosine' or 'wsd'), before decay_lr is asked."""
+    if config['lr_schedule'] == 'wsd':
+        return wsd_lr(it, config['learning_rate'], config['min_lr'], config['warmup_iters'], config['lr_decay_iters'],
+                      config['cooldown_frac'])
+    return cosine_lr(it, config['learning_rate'], config['min_lr'], config['warmup_iters'], config['lr_decay_iters'])

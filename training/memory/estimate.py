@@ -67,10 +67,14 @@ def gib(n):
     return f'{n / GIB:.2f} GiB'
 
 
-def naive_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean'):
+def naive_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean', softcap=0.0):
     """nanoGPT's loss: the full (N, vocab) logits, then cross-entropy. CUDA autocast runs cross-entropy's log_softmax
-    in fp32 (CPU autocast keeps bf16), so the cast is explicit here and the trace matches the GPU."""
-    return F.cross_entropy(F.linear(hidden, weight).float(), targets, ignore_index=ignore_index, reduction=reduction)
+    in fp32 (CPU autocast keeps bf16), so the cast is explicit here and the trace matches the GPU. softcap > 0: of
+    the logits capped as model.py's logit_softcap caps them."""
+    logits = F.linear(hidden, weight).float()
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    return F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction=reduction)
 
 
 

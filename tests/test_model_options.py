@@ -1,0 +1,231 @@
+"""model.py's modern architecture options (GPTConfig: pos_emb, norm, qk_norm, mlp, tie_weights, zero_init_proj,
+logit_softcap): the default path against the implementation before them, bit for bit; each option where it acts;
+logit soft-capping in the chunked loss against a naive full-logits reference, forward and backward."""
+import importlib.util
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model as model_lib
+from helpers import ROOT
+from model import GPT, GPTConfig, LayerNorm, apply_rotary, chunked_cross_entropy, rotary_cos_sin
+
+MODERN = dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2', tie_weights=False, zero_init_proj=False,
+              logit_softcap=3.0)
+SHAPE = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=50)
+
+
+def reference_module():
+    """tests/gpt2_model_reference.py: model.py before the options, imported under its own name."""
+    spec = importlib.util.spec_from_file_location('gpt2_model_reference', ROOT / 'tests' / 'gpt2_model_reference.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(model, x, y, seed=0):
+    """(loss, gradients by name, per-position losses, last-position logits) of one forward-backward."""
+    torch.manual_seed(seed)  # dropout's masks
+    _, loss = model(x, y)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.eval()
+    with torch.no_grad():
+        _, losses = model(x, y, reduction='none')
+        logits, _ = model(x)
+    model.train()
+    return loss.detach(), grads, losses, logits
+
+
+@pytest.mark.parametrize('bias, dropout, checkpointing', [(True, 0.0, False), (False, 0.1, True)])
+def test_default_architecture_is_the_previous_implementation_to_the_bit(bias, dropout, checkpointing):
+    reference = reference_module()
+    x = torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(2))
+    y[0, :5] = -1
+    results = []
+    for lib in (reference, model_lib):
+        torch.manual_seed(1337)
+        model = lib.GPT(lib.GPTConfig(**SHAPE, bias=bias, dropout=dropout))
+        model.activation_checkpointing = checkpointing
+        results.append((model.state_dict(), *run(model, x, y)))
+    (state_a, loss_a, grads_a, losses_a, logits_a), (state_b, loss_b, grads_b, losses_b, logits_b) = results
+    assert state_a.keys() == state_b.keys() and all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+    assert torch.equal(loss_a, loss_b) and torch.equal(losses_a, losses_b) and torch.equal(logits_a, logits_b)
+    assert grads_a.keys() == grads_b.keys() and all(torch.equal(grads_a[k], grads_b[k]) for k in grads_a)
+
+
+def softcapped_naive(h, w, t, softcap, reduction='mean'):
+    logits = h @ w.t()
+    return F.cross_entropy(softcap * torch.tanh(logits / softcap), t, ignore_index=-1, reduction=reduction)
+
+
+def inputs(dtype, n=70, d=16, v=97, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = (3 * torch.randn(n, d, generator=g, dtype=dtype)).requires_grad_()  # logits well into tanh's flat part
+    w = torch.randn(v, d, generator=g, dtype=dtype, requires_grad=True)
+    t = torch.randint(0, v, (n,), generator=g)
+    t[::7] = -1
+    return h, w, t
+
+
+@pytest.mark.parametrize('dtype, tolerance', [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize('chunk_size', [16, None])
+def test_softcap_loss_and_gradients_match_naive(dtype, tolerance, chunk_size):
+    h, w, t = inputs(dtype)
+    loss = chunked_cross_entropy(h, w, t, chunk_size=chunk_size, softcap=5.0)
+    grads = torch.autograd.grad(loss, (h, w))
+    expected = softcapped_naive(h, w, t, 5.0)
+    expected_grads = torch.autograd.grad(expected, (h, w))
+    torch.testing.assert_close(loss, expected, rtol=tolerance, atol=tolerance)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+    with torch.no_grad():
+        torch.testing.assert_close(chunked_cross_entropy(h, w, t, chunk_size=chunk_size, softcap=5.0),
+                                   expected.detach(), rtol=tolerance, atol=tolerance)
+        rows = chunked_cross_entropy(h, w, t, chunk_size=chunk_size, softcap=5.0, reduction='none')
+        torch.testing.assert_close(rows, softcapped_naive(h, w, t, 5.0, 'none'), rtol=tolerance, atol=tolerance)
+    assert (rows[t == -1] == 0).all()
+    # the cap changes the loss: a test of it that would pass without it is no test
+    assert abs(loss.item() - F.cross_entropy(h @ w.t(), t, ignore_index=-1).item()) > 0.1
+
+
+def test_softcap_under_bf16_autocast_is_close_to_fp32():
+    h, w, t = inputs(torch.float32)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        loss = chunked_cross_entropy(h, w, t, chunk_size=16, softcap=5.0)
+    grads = torch.autograd.grad(loss, (h, w))
+    expected = softcapped_naive(h, w, t, 5.0)
+    torch.testing.assert_close(loss, expected, rtol=2e-2, atol=2e-2)
+    for got, want in zip(grads, torch.autograd.grad(expected, (h, w))):
+        torch.testing.assert_close(got, want, rtol=5e-2, atol=2e-3)
+
+
+@pytest.mark.slow
+def test_softcap_compiled_chunks_match_eager():
+    h, w, t = inputs(torch.float32)
+    results = []
+    for fused in (False, True):
+        loss = model_lib._chunked_cross_entropy(h, w, t, -1, 16, 'mean', fused=fused, softcap=5.0)
+        results.append((loss, *torch.autograd.grad(loss, (h, w))))
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_rotary_attention_scores_depend_only_on_the_distance():
+    q, k = torch.randn(1, 1, 1, 8, dtype=torch.float64), torch.randn(1, 1, 1, 8, dtype=torch.float64)
+    cos, sin = rotary_cos_sin(torch.arange(40), 8)
+    cos, sin = cos.double(), sin.double()
+
+    def score(m, n):
+        return (apply_rotary(q, cos[m:m + 1], sin[m:m + 1]) * apply_rotary(k, cos[n:n + 1], sin[n:n + 1])).sum()
+    torch.testing.assert_close(score(3, 1), score(30, 28))
+    torch.testing.assert_close(apply_rotary(q, cos[:1], sin[:1]), q)  # position 0: no rotation
+    assert not torch.allclose(score(3, 1), score(3, 2))
+
+
+def test_rmsnorm_and_relu2_compute_what_they_say():
+    x = torch.randn(4, 16, dtype=torch.float64)
+    norm = LayerNorm(16, bias=True, rms=True).double()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    assert norm.bias is None  # RMSNorm has none
+    torch.testing.assert_close(norm(x), x / x.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt() * norm.weight)
+    mlp = model_lib.MLP(GPTConfig(**SHAPE, mlp='relu2')).double()
+    torch.testing.assert_close(mlp(x), mlp.c_proj(F.relu(mlp.c_fc(x)) ** 2))
+
+
+def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys():
+    torch.manual_seed(0)
+    attn = model_lib.CausalSelfAttention(GPTConfig(**SHAPE, qk_norm=True)).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    before = attn(x)
+    with torch.no_grad():
+        attn.c_attn.weight[:32].mul_(10.0)  # the query and key rows
+        attn.c_attn.bias[:32].mul_(10.0)
+    torch.testing.assert_close(attn(x), before)
+    attn.qk_norm = False
+    assert not torch.allclose(attn(x), before)
+
+
+def test_modern_state_dict_rope_has_no_table_and_the_untied_head_its_own_matrix():
+    model = GPT(GPTConfig(**SHAPE, **MODERN))
+    state = model.state_dict()
+    assert 'transformer.wpe.weight' not in state and 'transformer.ln_f.bias' not in state
+    assert model.lm_head.weight is not model.transformer.wte.weight
+    assert model.get_num_params() == sum(p.numel() for p in model.parameters()) - 50 * 16  # less wte
+    model.crop_block_size(8)
+    assert model.config.block_size == 8
+    default = GPT(GPTConfig(**SHAPE))
+    assert default.lm_head.weight is default.transformer.wte.weight
+
+
+def test_zero_init_projections_start_every_block_as_identity_and_the_head_uniform():
+    model = GPT(GPTConfig(**SHAPE, tie_weights=False, zero_init_proj=True))
+    for name, p in model.named_parameters():
+        if name.endswith('c_proj.weight') or name == 'lm_head.weight':
+            assert (p == 0).all(), name
+    x = torch.randint(0, 50, (2, 16))
+    _, loss = model(x, x)
+    assert loss.item() == pytest.approx(math.log(50), abs=1e-6)  # every token equally likely
+    tied = GPT(GPTConfig(**SHAPE, zero_init_proj=True))  # tied: the head is wte, which stays random
+    assert tied.lm_head.weight.abs().sum() > 0
+
+
+def test_modern_gpt_matches_a_full_logits_reference_in_loss_gradients_and_inference_logits():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHAPE, **MODERN)).double()
+    x, y = torch.randint(0, 50, (3, 16)), torch.randint(0, 50, (3, 16))
+    y[1, 3:] = -1
+    results = []
+    def naive_loss(h, w, t, ignore_index, reduction, softcap):
+        return softcapped_naive(h, w, t, softcap, reduction)
+    for loss_fn in (model.loss_fn, naive_loss):
+        model.loss_fn = loss_fn
+        model.zero_grad()
+        _, loss = model(x, y)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for got, want in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(got, want)
+    # the logits of generation are capped as the loss's are: the last position's loss from either agrees
+    logits, _ = model(x)
+    assert logits.abs().max() < MODERN['logit_softcap']
+    with torch.no_grad():
+        _, losses = model(x, y, reduction='none')
+    last = F.cross_entropy(logits[[0, 2], -1], y[[0, 2], -1], reduction='none')
+    torch.testing.assert_close(last, losses[[0, 2], -1])
+
+
+def test_modern_activation_checkpointing_same_loss_and_gradients():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHAPE, **MODERN))
+    x = torch.randint(0, 50, (3, 16))
+    results = []
+    for on in (False, True):
+        model.zero_grad()
+        model.activation_checkpointing = on
+        _, loss = model(x, x)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    assert torch.equal(results[0][0], results[1][0])
+    for a, b in zip(results[0][1], results[1][1]):
+        assert torch.equal(a, b)
+
+
+def test_a_default_architecture_checkpoint_loads_in_the_previous_model_py():
+    """train.py's model_args and state dict of a GPT-2 architecture, as nanoGPT's model.py (the reference has its
+    GPTConfig) reads a ckpt.pt: GPTConfig(**model_args), then load_state_dict."""
+    import configurator
+    from training import rules
+    config = {**configurator.train_defaults(), **SHAPE, 'device': 'cpu', 'dtype': 'float32'}
+    model_args, _ = rules.model_args(config, 50)
+    state = GPT(GPTConfig(**model_args)).state_dict()
+    reference = reference_module()
+    reference.GPT(reference.GPTConfig(**model_args)).load_state_dict(state)  # strict: the same keys and shapes
+    # a modern model's model_args carry keys nanoGPT's GPTConfig does not take: an error, not a GPT-2 built silently
+    with pytest.raises(TypeError):
+        reference.GPTConfig(**rules.model_args({**config, 'pos_emb': 'rope'}, 50)[0])
