@@ -328,7 +328,7 @@ class GPT(nn.Module):
         those of use_cache=False (nanoGPT's generate) either way, up to floating-point rounding.
         """
         cache = None
-        if use_cache:
+        if use_cache and idx.size(1) <= self.config.block_size: # a longer prompt is cropped from the first step on
             # the last token sampled is never fed back: the sequence runs to t + max_new_tokens - 1 positions
             max_len = min(idx.size(1) + max_new_tokens - 1, self.config.block_size)
             autocast = torch.is_autocast_enabled(idx.device.type) # the keys and values come in autocast's dtype

@@ -41,10 +41,11 @@ def nanogpt_generate(model, idx, max_new_tokens, temperature=1.0, top_k=None):
 
 @pytest.mark.parametrize('sampling', [dict(top_k=1), dict(temperature=1.0), dict(temperature=0.8, top_k=5)],
                          ids=['greedy', 'sampled', 'sampled top_k'])
-@pytest.mark.parametrize('max_new_tokens', [9, 30], ids=['within block_size', 'past block_size'])
-def test_cached_and_uncached_generate_give_nanogpts_tokens(sampling, max_new_tokens):
+@pytest.mark.parametrize('prompt_length, max_new_tokens', [(5, 9), (5, 30), (20, 6)],
+                         ids=['within block_size', 'past block_size', 'prompt past block_size'])
+def test_cached_and_uncached_generate_give_nanogpts_tokens(sampling, prompt_length, max_new_tokens):
     model = tiny_gpt()
-    prompt = torch.randint(50, (3, 5), generator=torch.Generator().manual_seed(1))
+    prompt = torch.randint(50, (3, prompt_length), generator=torch.Generator().manual_seed(1))
     runs = {}
     for name, generate in [('nanoGPT', lambda: nanogpt_generate(model, prompt, max_new_tokens, **sampling)),
                            ('cached', lambda: model.generate(prompt, max_new_tokens, **sampling)),
@@ -52,8 +53,9 @@ def test_cached_and_uncached_generate_give_nanogpts_tokens(sampling, max_new_tok
         torch.manual_seed(7)
         runs[name] = generate()
     reference = runs['nanoGPT']
-    assert reference.shape == (3, 5 + max_new_tokens) and torch.equal(reference[:, :5], prompt)
-    assert len({tuple(row) for row in reference[:, 5:].tolist()}) == 3  # the samples differ: batch rows are apart
+    assert reference.shape == (3, prompt_length + max_new_tokens) and torch.equal(reference[:, :prompt_length], prompt)
+    new_tokens = reference[:, prompt_length:].tolist()
+    assert len({tuple(row) for row in new_tokens}) == 3  # the samples differ: batch rows are kept apart
     assert torch.equal(runs['cached'], reference)
     assert torch.equal(runs['uncached'], reference)
 
