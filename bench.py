@@ -6,6 +6,7 @@ $ python bench.py --loss=chunked,naive,torch --find_batch_size=True  # the same 
                                    # largest micro-batch each one trains at
 $ python bench.py --mode=loss      # the loss path alone: naive, chunked, torch's, Liger's and CCE's (CUDA), matmul
                                    # floor; with --compile=True (the default on CUDA) each also compiled
+$ python bench.py --mode=sample --device=cpu  # GPT.generate with its KV cache against nanoGPT's, 500 new tokens
 
 Keys are overridden as in train.py: config files, then --key=value (python bench.py --help lists them).
 """
@@ -49,7 +50,8 @@ def torch_linear_cross_entropy():
 LOSSES = {'chunked': chunked_cross_entropy, 'naive': naive_cross_entropy, 'torch': torch_linear_cross_entropy()}
 
 # -----------------------------------------------------------------------------
-mode = 'train' # 'train': time training iterations; 'loss': time and memory of the loss path alone
+mode = 'train' # 'train': time training iterations; 'loss': time and memory of the loss path alone; 'sample': time
+               # GPT.generate with and without its KV cache
 # model (train mode); n_embd and vocab_size are also the loss mode's d and V
 batch_size = 12
 block_size = 1024
@@ -76,16 +78,19 @@ profile = False # train mode: the torch profiler (traces in ./bench_log) instead
 loss_rows = '4096,8192' # the N of hidden (N, n_embd) @ weight (vocab_size, n_embd).T, comma-separated
 chunk_size = '0' # chunked_cross_entropy's rows per chunk, comma-separated to compare several; 0 = its default
 loss_runs = 5 # timed forward+backward runs per method and N, after a first call; the median is reported
+# sample mode
+max_new_tokens = 500 # generated from a one-token prompt by each generate
 # system
 device = default_device()
 dtype = default_dtype(device)
-compile = device == 'cuda' # torch.compile the model (train mode); loss mode: also time each method compiled
+compile = device == 'cuda' # torch.compile the model (train mode); loss mode: also time each method compiled; sample
+                           # mode: not used (generate runs its model eagerly, as nanoGPT's does)
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
 device_type = check_device(config['device'], config['dtype'])
-if config['mode'] not in ('train', 'loss'):
-    raise ConfigError(f"unknown mode {config['mode']!r}: use 'train' or 'loss'")
+if config['mode'] not in ('train', 'loss', 'sample'):
+    raise ConfigError(f"unknown mode {config['mode']!r}: use 'train', 'loss' or 'sample'")
 try:
     rows_list = [int(n) for n in config['loss_rows'].split(',')]
     chunk_sizes = [int(c) for c in config['chunk_size'].split(',')]
@@ -433,7 +438,32 @@ def bench_loss():
                       f'({rest / (matmul + rest):.1%})')
 
 
+def bench_sample():
+    """GPT.generate from a one-token prompt with its KV cache, and as nanoGPT's (use_cache=False: the whole sequence
+    runs again for each token), each after the same seed: their times, the speed-up, and whether the tokens agree."""
+    model = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
+                          n_embd=n_embd, dropout=dropout, bias=bias)).to(device).eval()
+    prompt = torch.zeros((1, 1), dtype=torch.long, device=device)
+    print(f'generate: {max_new_tokens} new tokens after a 1-token prompt, block_size {block_size}, {n_layer} layers, '
+          f'n_embd {n_embd}, {dtype}, {device}, {torch.get_num_threads()} threads')
+    runs = {}
+    with torch.no_grad(), ctx:
+        model.generate(prompt, 2) # warm-up: the first call's one-time costs (kernels, allocator) out of the timing
+        for name, use_cache in (('nanoGPT generate', False), ('KV cache', True)):
+            torch.manual_seed(seed)
+            synchronize()
+            t0 = time.perf_counter()
+            tokens = model.generate(prompt, max_new_tokens, use_cache=use_cache)
+            synchronize()
+            runs[name] = (tokens, time.perf_counter() - t0)
+            print(f'{name:<16} {runs[name][1]:9.2f}s {max_new_tokens / runs[name][1]:9.1f} tokens/s')
+    (uncached, uncached_s), (cached, cached_s) = runs.values()
+    print(f'speed-up: {uncached_s / cached_s:.1f}x, same tokens: {torch.equal(uncached, cached)}')
+
+
 if mode == 'train':
     bench_train()
-else:
+elif mode == 'loss':
     bench_loss()
+else:
+    bench_sample()

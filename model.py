@@ -60,7 +60,9 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.qk_norm = config.qk_norm
 
-    def forward(self, x, rotary=None):
+    def forward(self, x, rotary=None, cache=None, offset=0):
+        """rotary: GPT.forward's (cos, sin) with pos_emb='rope'; cache: this layer's (keys, values) buffers of a
+        KVCache, the T new positions starting at `offset`."""
         B, T, C = x.size() # batch size, sequence length, embedding dimensionality (n_embd)
         # calculate query, key, values for all heads in batch and move head forward to be the batch dim
         q, k, v  = self.c_attn(x).split(self.n_embd, dim=2)
@@ -71,8 +73,17 @@ class CausalSelfAttention(nn.Module):
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if rotary is not None: # pos_emb='rope': positions enter as rotations of q and k, GPT.forward's (cos, sin)
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        is_causal, mask = True, None
+        if cache is not None: # the new positions join the cached ones, and attend to all of them
+            keys, values = cache
+            keys[:, :, offset:offset + T] = k
+            values[:, :, offset:offset + T] = v
+            k, v = keys[:, :, :offset + T], values[:, :, :offset + T]
+            if offset > 0: # is_causal would align the (T, offset + T) mask top-left: each query sees up to itself
+                is_causal = False
+                mask = None if T == 1 else torch.ones(T, offset + T, dtype=torch.bool, device=x.device).tril(offset)
         # causal self-attention; flash attention where the hardware has it, never a (T, T) matrix in memory there
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0, is_causal=is_causal)
         y = y.transpose(1, 2).contiguous().view(B, T, C) # re-assemble all head outputs side by side
         # output projection
         y = self.resid_dropout(self.c_proj(y))
@@ -119,14 +130,26 @@ class Block(nn.Module):
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm')
         self.mlp = MLP(config)
 
-    def forward(self, x, rotary=None):
-        x = x + self.attn(self.ln_1(x), rotary)
+    def forward(self, x, rotary=None, cache=None, offset=0):
+        x = x + self.attn(self.ln_1(x), rotary, cache, offset)
         x = x + self.mlp(self.ln_2(x))
         return x
 
 # The weights that Hugging Face's GPT2LMHeadModel holds transposed: OpenAI's checkpoints use a "Conv1D" module, a
 # Linear whose weight is (in, out). Every other parameter has the same name and shape in both.
 HF_TRANSPOSED = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+
+class KVCache:
+    """The keys and values of every layer for the positions run so far, so that generation feeds the model only its
+    new tokens instead of the whole sequence again. Static, as in gpt-fast: the buffers of all max_len positions are
+    allocated once; GPT.forward(idx, cache=...) writes its tokens at positions length.. and advances length."""
+
+    def __init__(self, config, batch_size, max_len, device, dtype):
+        shape = (batch_size, config.n_head, max_len, config.n_embd // config.n_head)
+        self.layers = [(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype))
+                       for _ in range(config.n_layer)]
+        self.max_len = max_len
+        self.length = 0 # positions filled
 
 @dataclass
 class GPTConfig:
@@ -207,17 +230,19 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx, targets=None, reduction='mean'):
+    def forward(self, idx, targets=None, reduction='mean', cache=None):
         """Returns (logits, loss).
         With targets: (None, loss). loss is the mean cross-entropy over targets != -1, computed by
         chunked_cross_entropy without building the (B, T, vocab) logits; nanoGPT returned those logits here,
         and no caller of the training or evaluation loss uses them. Call with targets=None for logits.
         reduction='none' (no gradients) gives the (B, T) losses of each position instead, 0 where targets are -1.
-        Without targets: (logits of the last position, shape (B, 1, vocab), None), as nanoGPT does."""
+        Without targets: (logits of the last position, shape (B, 1, vocab), None), as nanoGPT does.
+        cache (a KVCache, for inference): idx are the tokens that follow the cache.length ones already in it."""
         device = idx.device
         b, t = idx.size()
-        assert t <= self.config.block_size, f"Cannot forward sequence of length {t}, block size is only {self.config.block_size}"
-        pos = torch.arange(0, t, dtype=torch.long, device=device) # shape (t)
+        offset = 0 if cache is None else cache.length
+        assert offset + t <= self.config.block_size, f"Cannot forward sequence of length {offset + t}, block size is only {self.config.block_size}"
+        pos = torch.arange(offset, offset + t, dtype=torch.long, device=device) # shape (t)
 
         # forward the GPT model itself
         tok_emb = self.transformer.wte(idx) # token embeddings of shape (b, t, n_embd)
@@ -229,10 +254,16 @@ class GPT(nn.Module):
             rotary = rotary_cos_sin(pos, self.config.n_embd // self.config.n_head)
             x = self.transformer.drop(tok_emb)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
-        for block in self.transformer.h:
+        layer_caches = [None] * len(self.transformer.h) if cache is None else cache.layers
+        for block, layer_cache in zip(self.transformer.h, layer_caches):
             # non-reentrant checkpointing: works with torch.compile and DDP, and restores the RNG for dropout
-            x = checkpoint(block, x, rotary, use_reentrant=False) if recompute else block(x, rotary)
+            if recompute:
+                x = checkpoint(block, x, rotary, use_reentrant=False)
+            else:
+                x = block(x, rotary, layer_cache, offset)
         x = self.transformer.ln_f(x)
+        if cache is not None:
+            cache.length += t
 
         softcap = self.config.logit_softcap
         if targets is not None:
@@ -347,17 +378,31 @@ class GPT(nn.Module):
         return mfu
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
         """
         Take a conditioning sequence of indices idx (LongTensor of shape (b,t)) and complete
         the sequence max_new_tokens times, feeding the predictions back into the model each time.
         Most likely you'll want to make sure to be in model.eval() mode of operation for this.
+        use_cache: a KVCache keeps the earlier positions' keys and values, so each step runs only the new token.
+        Past block_size the context is cropped to its last block_size tokens, which moves every token to a new
+        position: from there each step runs the whole cropped window, as use_cache=False does, so the tokens are
+        those of use_cache=False (nanoGPT's generate) either way, up to floating-point rounding.
         """
+        cache = None
+        if use_cache and idx.size(1) <= self.config.block_size: # a longer prompt is cropped from the first step on
+            # the last token sampled is never fed back: the sequence runs to t + max_new_tokens - 1 positions
+            max_len = min(idx.size(1) + max_new_tokens - 1, self.config.block_size)
+            autocast = torch.is_autocast_enabled(idx.device.type) # the keys and values come in autocast's dtype
+            dtype = torch.get_autocast_dtype(idx.device.type) if autocast else self.lm_head.weight.dtype
+            cache = KVCache(self.config, idx.size(0), max_len, idx.device, dtype)
         for _ in range(max_new_tokens):
-            # if the sequence context is growing too long we must crop it at block_size
-            idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size:]
-            # forward the model to get the logits for the index in the sequence
-            logits, _ = self(idx_cond)
+            if cache is not None and idx.size(1) <= cache.max_len:
+                logits, _ = self(idx[:, cache.length:], cache=cache) # the prompt, then each new token
+            else:
+                # if the sequence context is growing too long we must crop it at block_size
+                idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size:]
+                # forward the model to get the logits for the index in the sequence
+                logits, _ = self(idx_cond)
             # pluck the logits at the final step and scale by desired temperature
             logits = logits[:, -1, :] / temperature
             # optionally crop the logits to only the top k options

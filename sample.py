@@ -8,6 +8,7 @@ config), and with GPT-2's BPE (tiktoken) when there is none. `--start=FILE:promp
 """
 import os
 import sys
+import time
 from contextlib import nullcontext
 
 import torch
@@ -102,9 +103,15 @@ if not start_ids:
 x = (torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...])
 
 # run generation
+generation_s = 0.0
 with torch.no_grad():
     with ctx:
         for k in range(num_samples):
+            t0 = time.perf_counter()
             y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k)
-            print(decode(y[0].tolist()))
+            y = y[0].tolist() # waits for the GPU to finish the sample
+            generation_s += time.perf_counter() - t0
+            print(decode(y))
             print('---------------')
+new_tokens = num_samples * max_new_tokens
+print(f'{new_tokens} tokens in {generation_s:.2f}s: {new_tokens / generation_s:.1f} tokens/s')

@@ -91,3 +91,14 @@ def test_loss_mode_compiled_adds_a_compiled_row_per_method_and_skips_the_cuda_li
     for row in compiled:  # vs eager, compile time; no peak: compiled code on the CPU allocates unseen by the tracer
         fields = row.split()
         assert fields[-4].endswith('x') and fields[-3].endswith('s') and fields[-2:] == ['n/a', 'n/a']
+
+
+def test_sample_mode_times_generate_with_and_without_the_cache_and_they_agree():
+    result = run_script('bench.py', '--mode=sample', '--device=cpu', '--n_layer=1', '--n_head=2', '--n_embd=32',
+                        '--block_size=16', '--vocab_size=256', '--max_new_tokens=30')  # past block_size
+    assert result.returncode == 0, result.stderr
+    rows = [line.rsplit(None, 3) for line in result.stdout.splitlines() if line.endswith(' tokens/s')]
+    assert [row[0] for row in rows] == ['nanoGPT generate', 'KV cache']
+    assert all(row[1].endswith('s') and float(row[2]) > 0 for row in rows)
+    assert 'generate: 30 new tokens after a 1-token prompt, block_size 16, 1 layers' in result.stdout
+    assert result.stdout.splitlines()[-1].endswith('x, same tokens: True')

@@ -306,7 +306,8 @@ def test_from_hf_model_matches_hugging_face_logits():
 
 
 def test_model_py_copied_alone_trains(tmp_path):
-    """nanoGPT's habit: copy model.py into another project. It needs torch and nothing of this repository."""
+    """nanoGPT's habit: copy model.py into another project. It needs torch and nothing of this repository, to train
+    or to generate."""
     shutil.copy(ROOT / 'model.py', tmp_path)
     code = ("import torch, model\n"
             "gpt = model.GPT(model.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))\n"
@@ -315,7 +316,8 @@ def test_model_py_copied_alone_trains(tmp_path):
             "_, loss = gpt(x, x)\n"
             "loss.backward()\n"
             "optimizer.step()\n"
-            "print(loss.item(), gpt(x, x)[1].item())\n")
+            "print(loss.item(), gpt(x, x)[1].item())\n"
+            "assert gpt.eval().generate(x[:, :2], 10).shape == (2, 12)\n")  # with its KV cache, past block_size
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
     result = subprocess.run([sys.executable, '-s', '-c', code], cwd=tmp_path, capture_output=True, text=True,
                             timeout=120, env=env)
