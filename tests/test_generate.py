@@ -10,12 +10,16 @@ from model import GPT, GPTConfig, KVCache
 BLOCK_SIZE = 16
 
 
-def tiny_gpt():
+# the modern architecture's options that change what attention sees: rotary positions from the cache's offset
+MODERN = dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2', tie_weights=False, logit_softcap=15.0)
+
+
+def tiny_gpt(**options):
     """A random 2-layer float32 GPT with large weights: its next tokens depend on the context and positions (GPT-2's
     small init repeats one token greedily) and no two nearly tie (the greedy choices here lead by > 0.03 in logits),
     so rounding differences between the cached and the full forward cannot change a choice."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=BLOCK_SIZE, vocab_size=50, n_layer=2, n_head=2, n_embd=32)).eval()
+    model = GPT(GPTConfig(block_size=BLOCK_SIZE, vocab_size=50, n_layer=2, n_head=2, n_embd=32, **options)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 2:  # embeddings (wte, wpe) N(0, 1), the other matrices N(0, 0.5)
@@ -39,12 +43,13 @@ def nanogpt_generate(model, idx, max_new_tokens, temperature=1.0, top_k=None):
     return idx
 
 
+@pytest.mark.parametrize('options', [{}, MODERN], ids=['gpt2', 'modern'])
 @pytest.mark.parametrize('sampling', [dict(top_k=1), dict(temperature=1.0), dict(temperature=0.8, top_k=5)],
                          ids=['greedy', 'sampled', 'sampled top_k'])
 @pytest.mark.parametrize('prompt_length, max_new_tokens', [(5, 9), (5, 30), (20, 6)],
                          ids=['within block_size', 'past block_size', 'prompt past block_size'])
-def test_cached_and_uncached_generate_give_nanogpts_tokens(sampling, prompt_length, max_new_tokens):
-    model = tiny_gpt()
+def test_cached_and_uncached_generate_give_nanogpts_tokens(sampling, prompt_length, max_new_tokens, options):
+    model = tiny_gpt(**options)
     prompt = torch.randint(50, (3, prompt_length), generator=torch.Generator().manual_seed(1))
     runs = {}
     for name, generate in [('nanoGPT', lambda: nanogpt_generate(model, prompt, max_new_tokens, **sampling)),
