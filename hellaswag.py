@@ -16,7 +16,7 @@ import configurator
 from model import GPT
 from prepare.common import get_encoding
 from training.checkpoint import load_model
-from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
+from training.device import DTYPES, TORCH_DTYPES, check_device, default_device, default_dtype
 from training.errors import ConfigError, fail
 from training.hellaswag import GPT2_VOCAB_SIZE, cached_val_file, evaluate, read_examples
 
@@ -32,7 +32,8 @@ defaults = dict(
     compile=False, # use PyTorch 2.0 to compile the model to be faster
 )
 try:
-    config = configurator.load_config(defaults, sys.argv[1:])
+    config = configurator.load_config(defaults, sys.argv[1:], help_source=__file__,
+                                      choices={'init_from': ('resume', *GPT.PRETRAINED_ARGS), 'dtype': DTYPES})
     device_type = check_device(config['device'], config['dtype'])
 except ConfigError as e:
     fail(e)

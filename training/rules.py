@@ -6,6 +6,7 @@ import pickle
 
 from model import GPT
 from training import optim, parallel
+from training.device import DTYPES
 from training.errors import ConfigError, first_line
 from training.hellaswag import GPT2_VOCAB_SIZE
 
@@ -13,6 +14,9 @@ DEFAULT_VOCAB_SIZE = 50304  # GPT-2's 50257 padded up to a multiple of 64, as na
 ARCHITECTURE_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size')
 AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval',
                 'log_interval', 'n_layer', 'n_head', 'n_embd')
+# the values train.py takes for these keys, for the checks and --help
+CHOICES = {'init_from': ('scratch', 'resume', *GPT.PRETRAINED_ARGS), 'optim': optim.OPTIMS,
+           'weight_dtype': optim.WEIGHT_DTYPES, 'dtype': DTYPES, 'parallelism': parallel.PARALLELISMS}
 
 
 def check_config(config, world_size, device_type):
@@ -22,6 +26,9 @@ def check_config(config, world_size, device_type):
             raise ConfigError(f'{key} must be at least 1, got {config[key]}')
     if config['eval_batch_size'] < 0:
         raise ConfigError(f"eval_batch_size must be at least 1, or 0 for batch_size; got {config['eval_batch_size']}")
+    if config['gpu_headroom_gb'] < 0:
+        raise ConfigError(f"gpu_headroom_gb={config['gpu_headroom_gb']} must be 0 or more: the GiB of the card to leave "
+                          f"free for other programs, e.g. --gpu_headroom_gb=0.5")
     if config['hellaswag_examples'] < 0:
         raise ConfigError(f"hellaswag_examples must be at least 1, or 0 for all; got {config['hellaswag_examples']}")
     if not 0.0 <= config['dropout'] < 1.0:
@@ -39,7 +46,7 @@ def check_config(config, world_size, device_type):
     if config['backend'] == 'nccl' and device_type != 'cuda':
         raise ConfigError(f"backend='nccl' needs CUDA: use --backend=gloo with device={config['device']!r}")
     init_from = config['init_from']
-    if init_from not in ('scratch', 'resume') and init_from not in GPT.PRETRAINED_ARGS:
+    if init_from not in CHOICES['init_from']:
         raise ConfigError(f"unknown init_from {init_from!r}: use 'scratch', 'resume' or one of "
                           f"{', '.join(GPT.PRETRAINED_ARGS)}")
     if config['auto_batch_size'] and device_type != 'cuda':
