@@ -196,11 +196,12 @@ def card_preset_traces():
 @pytest.mark.slow
 @pytest.mark.parametrize('path', CARD_PRESETS, ids=lambda path: path.name)
 def test_card_presets_fit_their_card(card_preset_traces, path):
-    """Training and evaluation, with the allowance, within the card each preset is named for. Traced warm-started:
-    the same peak (see test_warm_start_trace_has_the_same_peak_as_two_full_iterations) in half the time."""
-    card_gb, result = card_preset_traces[path].result()
+    """Training and evaluation, with the allowance, within the card each preset is named for, less the memory left to
+    other programs (gpu_headroom_gb). Traced warm-started: the same peak (see
+    test_warm_start_trace_has_the_same_peak_as_two_full_iterations) in half the time."""
+    budget_bytes, result = card_preset_traces[path].result()
     train, evaluation = (em.total_bytes(result[phase]['peak_bytes']) for phase in ('train', 'eval'))
-    assert train <= card_gb * GIB and evaluation <= card_gb * GIB
+    assert train <= budget_bytes and evaluation <= budget_bytes
     assert train > result['train']['peak_bytes'] + em.CUDA_CONTEXT_BYTES
 
 
@@ -306,6 +307,29 @@ def test_bad_input_is_one_line_error(argv, named, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith('error: ') and err.count('\n') == 1 and named in err
+
+
+@pytest.mark.parametrize('phase, batch_size, accumulation, world_size, checkpointing, in_backward', [
+    ('training', 12, 40, 1, False, False), ('training', 6, 8, 4, True, False), ('training', 12, 1, 1, False, True),
+    ('evaluation', 16, 1, 1, False, True),
+])
+def test_oom_advice_commands_pass_train_py_checks(tiny, phase, batch_size, accumulation, world_size, checkpointing,
+                                                  in_backward):
+    """Each --key=value the advice prints, applied, is a config train.py accepts; with the step in backward (which
+    cannot accumulate) it lowers the micro-batch alone."""
+    stats = dict(allocated=9 * GIB, reserved=11 * GIB, peak=11 * GIB, total=12 * GIB)
+    config = {**tiny, 'batch_size': batch_size, 'gradient_accumulation_steps': accumulation, 'world_size': world_size,
+              'activation_checkpointing': checkpointing, 'optimizer_in_backward': in_backward,
+              'grad_clip': 0.0 if in_backward else 1.0}
+    rules.check_config(config, world_size, 'cuda')
+    message = oom_advice(phase, batch_size, accumulation, world_size, checkpointing, stats, 2 * GIB, in_backward)
+    suggestions = [part.split(' (')[0] for part in message.split('next step: ')[1].split(', or ')]
+    commands = [dict(arg[2:].split('=') for arg in part.split()) for part in suggestions if part.startswith('--')]
+    assert commands
+    for command in commands:
+        rules.check_config({**config, **{key: eval(value) for key, value in command.items()}}, world_size, 'cuda')
+    if in_backward and phase == 'training':
+        assert commands[0] == {'batch_size': '11'} and 'fewer tokens per step' in message
 
 
 def test_oom_advice_scales_the_batch_and_keeps_tokens():
@@ -451,3 +475,36 @@ def test_a_config_that_fits_needs_no_ladder(tiny, capsys, monkeypatch):
     assert exit_info.value.code == estimate_memory.FITS
     out = capsys.readouterr().out
     assert 'ladder: fits as configured, nothing to change' in out and 'add to your command' not in out
+
+
+def test_headroom_is_left_free_and_shown(tiny):
+    """A config whose total fits the card exactly fits with no headroom and not with the default's."""
+    result = em.estimate({**tiny, 'gpu_headroom_gb': 0.0})
+    needed = max(result['total_bytes'], result['eval_total_bytes'])
+    card_gb = needed / GIB
+    exact = {**tiny, 'gpu_memory_gb': card_gb}
+    assert em.estimate({**exact, 'gpu_headroom_gb': 0.0})['fits']
+    leaving = em.estimate(exact)
+    assert not leaving['fits'] and leaving['headroom_bytes'] == int(tiny['gpu_headroom_gb'] * GIB) > 0
+    assert ', 0.50 GiB of it left free: --gpu_headroom_gb), ' in estimate_memory.report(exact, leaving)
+
+
+def test_exit_status_progress_and_json(tiny, capsys, monkeypatch):
+    """0 when the config fits, 1 when it does not (so `estimate_memory.py ... && train.py ...` gates a launch), 2 for
+    bad input; progress on stderr, so --json's stdout stays one JSON object."""
+    monkeypatch.setattr(estimate_memory, 'estimator_defaults', lambda: tiny)
+    for argv, status in ((['--gpu_memory_gb=12'], estimate_memory.FITS),
+                         (['--gpu_memory_gb=1.1', '--batch_size=4096'], estimate_memory.DOES_NOT_FIT),
+                         (['--gpu_memory_gb=1.1', '--eval_batch_size=8192'], estimate_memory.DOES_NOT_FIT),
+                         (['--gpu_memory_gb=12', '--gpu_headroom_gb=-1'], estimate_memory.BAD_INPUT)):
+        with pytest.raises(SystemExit) as exit_info:
+            estimate_memory.main(['--json', *argv])
+        assert exit_info.value.code == status, argv
+        out, err = capsys.readouterr()
+        if status != estimate_memory.BAD_INPUT:
+            result = json.loads(out)
+            assert result['fits'] == (status == estimate_memory.FITS)
+            if '--eval_batch_size=8192' in argv:  # training fits, evaluation does not: does not fit
+                assert result['total_bytes'] <= result['budget_bytes'] < result['eval_total_bytes']
+            assert 'tracing training at micro-batch' in err.splitlines()[0]
+    assert (estimate_memory.FITS, estimate_memory.DOES_NOT_FIT, estimate_memory.BAD_INPUT) == (0, 1, 2)
