@@ -419,8 +419,9 @@ def ladder(config, budget_bytes, progress=silent):
     far, else the largest that does, re-split to keep the config's tokens per step (with the step in backward, which
     cannot accumulate, one micro-batch: fewer tokens). A rung whose config train.py would refuse here (torchao
     missing, several processes for the step in backward) is skipped, with the reason. A list of JSON-able dicts, one
-    a rung; the last that was tried has fits=True, the keys to change (`command`) and its evaluation's total, unless
-    none fits."""
+    a rung; the last that was tried has fits=True, the keys to add to the command line (`command`: every lever so far,
+    as the config may hold train.py's value of a key only by the estimator's defaults, such as dtype, and the batch
+    keys that change) and its evaluation's total, unless none fits."""
     steps, levers = [], {}
     for name, keys, cost in LADDER:
         rung = {**config, **levers, **keys}
@@ -450,8 +451,8 @@ def ladder(config, budget_bytes, progress=silent):
                     total_bytes=total_bytes(evaluation['train']['peak_bytes']),
                     eval_total_bytes=total_bytes(evaluation['eval']['peak_bytes']),
                     tokens_per_step=batch_size * accumulation * rung['block_size'],
-                    command=changes(config, {**levers, 'batch_size': batch_size,
-                                             'gradient_accumulation_steps': accumulation}))
+                    command={**levers, **changes(config, {'batch_size': batch_size,
+                                                          'gradient_accumulation_steps': accumulation})})
         break
     return steps
 
