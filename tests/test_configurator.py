@@ -101,7 +101,7 @@ NANOGPT_KEYS = {'out_dir', 'eval_interval', 'log_interval', 'eval_iters', 'eval_
 
 
 def help_lines(script):
-    """{key: (default, description)} of `python script --help`, in the order listed."""
+    """{key: (default, description)} of `python script --help`, in the order listed, and the whole text."""
     listed = subprocess.run([sys.executable, script, '--help'], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     keys = {}
@@ -110,13 +110,13 @@ def help_lines(script):
             key_value, _, description = line.strip()[2:].partition('  ')
             key, value = key_value.split('=', 1)
             keys[key] = (value, description)
-    return keys
+    return keys, listed.stdout
 
 
 def test_train_defaults_are_the_keys_train_py_runs_with():
     """train_defaults() runs a block of train.py's text; `train.py --help` lists what train.py's configurator takes,
     each with a description. A key defined outside the block, or a block that no longer runs on its own, fails here."""
-    keys = help_lines('train.py')
+    keys, _ = help_lines('train.py')
     defaults = configurator.train_defaults()
     assert {key: value for key, (value, _) in keys.items()} == {key: repr(value) for key, value in defaults.items()}
     assert [key for key, (_, description) in keys.items() if not description] == []
@@ -135,7 +135,7 @@ def test_train_defaults_are_the_keys_train_py_runs_with():
 
 @pytest.mark.parametrize('script', ['sample.py', 'hellaswag.py', 'estimate_memory.py'])
 def test_every_key_of_the_tools_help_has_a_description(script):
-    keys = help_lines(script)
+    keys, text = help_lines(script)
     assert [key for key, (_, description) in keys.items() if not description] == []
     assert keys['dtype'][1].endswith('one of: float32, bfloat16, float16')
     if script == 'estimate_memory.py':  # its own keys first, then train.py's
@@ -143,6 +143,7 @@ def test_every_key_of_the_tools_help_has_a_description(script):
         own = list(estimate_memory.ESTIMATOR_DEFAULTS)
         assert list(keys)[:len(own)] == own
         assert set(keys) == set(estimate_memory.estimator_defaults())
+        assert 'exit status: 0 the config fits, 1 it does not (training or evaluation), 2 bad input' in text
 
 
 @pytest.mark.parametrize('device, dtype, match', [
