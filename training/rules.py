@@ -27,8 +27,8 @@ def check_config(config, world_size, device_type):
     if config['eval_batch_size'] < 0:
         raise ConfigError(f"eval_batch_size must be at least 1, or 0 for batch_size; got {config['eval_batch_size']}")
     if config['gpu_headroom_gb'] < 0:
-        raise ConfigError(f"gpu_headroom_gb={config['gpu_headroom_gb']} must be 0 or more: the GiB of the card to leave "
-                          f"free for other programs, e.g. --gpu_headroom_gb=0.5")
+        raise ConfigError(f"gpu_headroom_gb={config['gpu_headroom_gb']} must be 0 or more: the GiB of the card to "
+                          f"leave free for other programs, e.g. --gpu_headroom_gb=0.5")
     if config['hellaswag_examples'] < 0:
         raise ConfigError(f"hellaswag_examples must be at least 1, or 0 for all; got {config['hellaswag_examples']}")
     if not 0.0 <= config['dropout'] < 1.0:
