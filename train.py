@@ -94,7 +94,7 @@ bias = False # do we use bias inside LayerNorm and Linear layers?
 activation_checkpointing = False # recompute each block in backward: much less activation memory, ~30% more compute
 autocast_cache = False # keep autocast's low-precision copy of every weight through each forward (torch's default)
 auto_batch_size = False # on CUDA, estimate_memory.py picks batch_size and gradient_accumulation_steps for the card
-gpu_headroom_gb = 0.5 # GiB of the card the memory estimate leaves free for other programs (desktop, browser)
+gpu_headroom_gb = 0.5 # GiB of the card the estimate leaves to other programs (a desktop, a browser: a few 100 MiB)
 # adamw optimizer
 learning_rate = 6e-4 # max learning rate
 max_iters = 600000 # total number of training iterations
