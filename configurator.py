@@ -12,8 +12,10 @@ but a name that is a near miss of a key (learning_rat = 1e-3) is reported as the
 """
 import ast
 import difflib
+import io
 import os
 import sys
+import tokenize
 
 from training.errors import ConfigError
 
@@ -33,6 +35,29 @@ def train_defaults():
     namespace = {}
     exec(block, namespace)
     return {k: v for k, v in namespace.items() if not k.startswith('_') and isinstance(v, CONFIG_TYPES)}
+
+
+def key_comments(source):
+    """{key: comment} of the lines of Python `source` that assign a key and end in a comment: `key = value  # text`
+    (train.py's defaults block) or `key=value,  # text` (a `defaults = dict(...)`). The first assignment of a key is
+    the one read: the defaults come before anything else that assigns the name."""
+    comments, lines = {}, {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        lines.setdefault(token.start[0], []).append(token)
+    for tokens in lines.values():
+        tokens = [t for t in tokens if t.type not in (tokenize.INDENT, tokenize.DEDENT, tokenize.NL, tokenize.NEWLINE)]
+        if len(tokens) < 3 or tokens[0].type != tokenize.NAME or tokens[1].string != '=':
+            continue
+        name = tokens[0].string
+        if name not in comments:
+            comments[name] = tokens[-1].string.lstrip('#').strip() if tokens[-1].type == tokenize.COMMENT else ''
+    return {name: comment for name, comment in comments.items() if comment}
+
+
+def script_comments(path):
+    """key_comments of the Python file at `path`."""
+    with open(path, encoding='utf-8') as f:
+        return key_comments(f.read())
 
 
 def closest_keys(key, keys):
@@ -89,19 +114,27 @@ def run_config_file(path, config):
     return updates
 
 
-def help_text(defaults):
+def help_text(defaults, descriptions=None, choices=None):
+    """--help: each key with its default, its description (descriptions: {key: text}, from key_comments) and its
+    allowed values (choices: {key: values}; True or False for a bool)."""
+    descriptions, choices = descriptions or {}, choices or {}
     script = os.path.basename(sys.argv[0]) if sys.argv[0].endswith('.py') else 'SCRIPT.py'
     lines = [f'usage: python {script} [config_file.py ...] [--key=value ...]',
-             'config files (Python) run in order, then --key=value overrides; the keys and their defaults:']
-    lines += [f'  --{key}={value!r}' for key, value in defaults.items()]
+             'config files (Python) run in order, then --key=value overrides; the keys, their defaults and values:']
+    for key, value in defaults.items():
+        allowed = ('one of: ' + ', '.join(map(str, choices[key])) if key in choices else
+                   'True or False' if isinstance(value, bool) else '')
+        text = '; '.join(filter(None, (descriptions.get(key, ''), allowed)))
+        lines.append(f'  --{key}={value!r}' + (f'  {text}' if text else ''))
     return '\n'.join(lines)
 
 
-def load_config(defaults, argv):
+def load_config(defaults, argv, help_source=None, choices=None):
     """A new dict of `defaults`' keys with the config files and --key=value overrides of `argv` applied in order.
-    `--help` (or -h) prints the keys with their defaults and exits 0."""
+    `--help` (or -h) prints help_text, with the keys described by the comments of the file `help_source` where they
+    are assigned (the calling script), and exits 0."""
     if '--help' in argv or '-h' in argv:
-        print(help_text(defaults))
+        print(help_text(defaults, script_comments(help_source) if help_source else {}, choices))
         sys.exit(0)
     config = dict(defaults)
     for arg in argv:

@@ -2,24 +2,32 @@
 Peak GPU memory of a training config before launch, on any machine, and a micro-batch that fits. For example:
 $ python estimate_memory.py config/train_openwebtext_12gb.py --gpu_memory_gb=12
 $ python estimate_memory.py config/train_openwebtext_12gb.py --batch_size=32 --find_batch_size
-$ python estimate_memory.py config/train_openwebtext_12gb.py --json
-Same config files and --key=value overrides as train.py, plus: gpu_memory_gb (the card's memory; a "12 GB" card has
-12 GiB), json (print one JSON object), find_batch_size (the largest micro-batch that fits, with activation
-checkpointing off and on), ladder (climb the memory levers, micro-batch, checkpointing, optimizer state, weight
-precision, until the config fits, and print the first that does with what each costs), measure (two real steps on
-the GPU here: the ground truth), world_size (processes under torchrun), loss (chunked: model.py's; naive: nanoGPT's
-full logits, to compare). dtype defaults to bfloat16, as on a GPU. How it traces: training/memory/estimate.py.
+$ python estimate_memory.py config/train_gpt2.py --gpu_memory_gb=8 --ladder
+$ python estimate_memory.py config/train_openwebtext_12gb.py --gpu_memory_gb=12 && python train.py ...
+Same config files and --key=value overrides as train.py, plus this script's keys (--help lists them first). The
+config fits when training and evaluation fit the card less gpu_headroom_gb (memory left to other programs: a
+desktop, a browser; train.py's auto_batch_size leaves it too). --ladder adds memory levers one at a time
+(checkpointing, optimizer state, the step in backward, weight precision) until the config fits, and prints the keys to
+add to train.py's command. dtype defaults to bfloat16, as on a GPU. Progress goes to stderr, the report (or --json) to
+stdout. How it traces: training/memory/estimate.py.
+
+Exit status: 0 the config fits, 1 it does not (training or evaluation; whatever --ladder or --find_batch_size found),
+2 bad input (a one-line error on stderr).
 """
 import contextlib
+import inspect
 import io
 import json
 import sys
+import time
 
 import configurator
-from training import optim
+from training import optim, rules
 from training.errors import ConfigError, fail
-from training.memory.estimate import (ESTIMATOR_DEFAULTS, FRAGMENTATION, GIB, MIB, TRACED_ITERATIONS, check_config,
-                                      estimate, gib)
+from training.memory.estimate import (ESTIMATOR_DEFAULTS, FRAGMENTATION, GIB, LOSSES, MIB, TRACED_ITERATIONS,
+                                      check_config, estimate, gib)
+
+FITS, DOES_NOT_FIT, BAD_INPUT = 0, 1, 2  # exit statuses (fail() exits 2 for bad input)
 
 ALLOWANCE_NOTES = {  # the allowance's numbers and why, for the report
     'cuda_context_bytes': "CUDA context: driver state and kernels of CUDA 12 and PyTorch 2.x (0.3-0.6 GiB), outside "
@@ -64,9 +72,10 @@ def report(config, result):
               f"estimated training total: {gib(result['total_bytes'])}",
               f"evaluation forward (no_grad, batch {evaluation['batch_size']}): peak of tensors "
               f"{gib(evaluation['peak_bytes'])}, {gib(result['eval_total_bytes'])} with the allowance"]
-    budget, needed = result['gpu_memory_bytes'], max(result['total_bytes'], result['eval_total_bytes'])
-    card = f"a {config['gpu_memory_gb']:g} GB card ({gib(budget)})"
-    hint = '' if result['activation_checkpointing'] else ' or --activation_checkpointing=True'
+    budget, needed = result['budget_bytes'], max(result['total_bytes'], result['eval_total_bytes'])
+    card = (f"a {config['gpu_memory_gb']:g} GB card ({gib(result['gpu_memory_bytes'])}, "
+            f"{gib(result['headroom_bytes'])} of it left free: --gpu_headroom_gb)")
+    hint = ' or --ladder' if result['activation_checkpointing'] else ', --activation_checkpointing=True or --ladder'
     if result['fits']:
         lines.append(f'verdict: fits {card}, {gib(budget - needed)} to spare')
     elif result['total_bytes'] <= budget:
@@ -80,26 +89,30 @@ def report(config, result):
         lines.append('note: traced in bfloat16, which takes the same bytes as float16')
     if result['world_size'] > 1:
         lines.append(PARALLELISM_NOTES[result['parallelism']])
+    configured_tokens = config['batch_size'] * config['gradient_accumulation_steps'] * config['block_size']
     for choice in result.get('find_batch_size', []):
         found = ('even batch 1 does not fit' if choice['batch_size'] is None else
-                 f"--batch_size={choice['batch_size']} --gradient_accumulation_steps="
-                 f"{choice['gradient_accumulation_steps']} ({choice['tokens_per_step']:,} tokens per step; the largest "
-                 f"micro-batch that fits is {choice['largest_batch_size']}: {gib(choice['largest_total_bytes'])})")
+                 f"{command_line(choice['command'])} ({tokens_text(choice['tokens_per_step'], configured_tokens)}; "
+                 f"the largest micro-batch that fits is {choice['largest_batch_size']}: "
+                 f"{gib(choice['largest_total_bytes'])})")
         checkpointing = 'on' if choice['activation_checkpointing'] else 'off'
         lines.append(f'find_batch_size, activation checkpointing {checkpointing}: {found}')
+    if result['fits'] and 'ladder' in result:
+        lines.append('ladder: fits as configured, nothing to change')
     for step in result.get('ladder', []):
+        if step['skipped']:
+            lines.append(f"ladder, + {step['rung']}: skipped, train.py would refuse it here: {step['skipped']}")
+            continue
         if not step['fits']:
             lines.append(f"ladder, + {step['rung']}: even micro-batch 1 needs {gib(step['batch_1_total_bytes'])}")
             continue
-        keys = {**step['levers'], 'batch_size': step['batch_size'],
-                'gradient_accumulation_steps': step['gradient_accumulation_steps']}
-        evaluation = ('' if step['eval_total_bytes'] <= result['gpu_memory_bytes'] else
+        evaluation = ('' if step['eval_total_bytes'] <= result['budget_bytes'] else
                       ' does NOT fit: lower --eval_batch_size')
         lines += [f"ladder, + {step['rung']}: fits, {gib(step['total_bytes'])} with micro-batch {step['batch_size']} "
-                  f"({step['tokens_per_step']:,} tokens per step; evaluation {gib(step['eval_total_bytes'])}"
-                  f"{evaluation})",
-                  '  add to your command: ' + ' '.join(f'--{key}={value}' for key, value in keys.items())]
-        lines += [f'  cost of {s["rung"]}: {s["cost"]}' for s in result['ladder'] if s['cost']]
+                  f"({tokens_text(step['tokens_per_step'], configured_tokens)}; evaluation "
+                  f"{gib(step['eval_total_bytes'])}{evaluation})",
+                  f"  add to your command: {command_line(step['command'])}"]
+        lines += [f'  cost of {s["rung"]}: {s["cost"]}' for s in result['ladder'] if s['cost'] and not s['skipped']]
     if result.get('ladder') and not result['ladder'][-1]['fits']:
         lines.append('ladder: no rung fits this card: a smaller model or block_size, or several GPUs (fsdp)')
     for phase in ('train', 'eval') if 'measured' in result else ():
@@ -109,6 +122,17 @@ def report(config, result):
                      f"{gib(measured[phase]['max_reserved_bytes'])}")
     return '\n'.join(lines)
 
+
+def command_line(keys):
+    """--key=value arguments for `keys`, or a line saying there is nothing to change."""
+    return ' '.join(f'--{key}={value}' for key, value in keys.items()) or 'nothing to change'
+
+
+def tokens_text(tokens, configured_tokens):
+    if tokens >= configured_tokens:
+        return f'{tokens:,} tokens per step'
+    return (f'{tokens:,} tokens per step, fewer than the configured {configured_tokens:,}: the step in backward cannot '
+            f'accumulate')
 
 
 def estimator_defaults():
@@ -128,15 +152,34 @@ def load_config(argv):
     return config
 
 
+def progress_printer():
+    """A progress callback: each line to stderr (stdout stays the report, or parseable --json), with the seconds since
+    the start."""
+    start = time.monotonic()
+
+    def progress(message):
+        print(f'[{time.monotonic() - start:5.0f}s] {message}', file=sys.stderr, flush=True)
+    return progress
+
+
 def main(argv):
+    """Estimate, report, and exit with FITS or DOES_NOT_FIT (BAD_INPUT, through fail(), for bad input)."""
     if '--help' in argv or '-h' in argv:
-        configurator.load_config(estimator_defaults(), argv)  # prints the keys with their defaults and exits
+        # this script's keys first, then train.py's, each described by its comment where it is defined
+        descriptions = {**configurator.script_comments(configurator.TRAIN_PY),
+                        **configurator.script_comments(inspect.getfile(estimate))}
+        print(configurator.help_text({**ESTIMATOR_DEFAULTS, **estimator_defaults()}, descriptions,
+                                     {**rules.CHOICES, 'loss': LOSSES}))
+        print(f'exit status: {FITS} the config fits, {DOES_NOT_FIT} it does not (training or evaluation), '
+              f'{BAD_INPUT} bad input')
+        sys.exit(0)
     try:
         config = load_config(argv)
-        result = estimate(config)
+        result = estimate(config, progress_printer())
     except ConfigError as e:
         fail(e)
     print(json.dumps(result, indent=2) if config['json'] else report(config, result))
+    sys.exit(FITS if result['fits'] else DOES_NOT_FIT)
 
 
 if __name__ == '__main__':

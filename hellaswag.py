@@ -14,8 +14,8 @@ import torch
 
 import configurator
 from prepare.common import get_encoding
-from training.checkpoint import load_model
-from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
+from training.checkpoint import LOAD_CHOICES, load_model
+from training.device import DTYPES, TORCH_DTYPES, check_device, default_device, default_dtype
 from training.errors import fail, install_handler
 from training.hf import pretrained_config
 from training.hellaswag import GPT2_VOCAB_SIZE, cached_val_file, evaluate, read_examples
@@ -33,7 +33,8 @@ defaults = dict(
     dtype=default_dtype(default_device()), # 'float32' or 'bfloat16' or 'float16', as train.py's default
     compile=False, # use PyTorch 2.0 to compile the model to be faster
 )
-config = configurator.load_config(defaults, sys.argv[1:])
+config = configurator.load_config(defaults, sys.argv[1:], help_source=__file__,
+                                  choices={'init_from': LOAD_CHOICES, 'dtype': DTYPES})
 device_type = check_device(config['device'], config['dtype'])
 globals().update(config)
 if max_examples < 0:

@@ -15,8 +15,8 @@ import torch
 
 import configurator
 from prepare.common import get_encoding
-from training.checkpoint import load_model
-from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
+from training.checkpoint import LOAD_CHOICES, load_model
+from training.device import DTYPES, TORCH_DTYPES, check_device, default_device, default_dtype
 from training.errors import fail, first_line, install_handler
 from training.meta import load_meta, trained_meta_path
 
@@ -31,12 +31,13 @@ defaults = dict(
     max_new_tokens=500, # number of tokens generated in each sample
     temperature=0.8, # 1.0 = no change, < 1.0 = less random, > 1.0 = more random, in predictions
     top_k=200, # retain only the top_k most likely tokens, clamp others to have 0 probability
-    seed=1337,
+    seed=1337, # seeds torch's sampler: the same seed and prompt give the same samples
     device=default_device(), # examples: 'cpu', 'cuda', 'cuda:0', 'cuda:1', etc. (the GPU if there is one)
     dtype=default_dtype(default_device()), # 'float32' or 'bfloat16' or 'float16', as train.py's default
     compile=False, # use PyTorch 2.0 to compile the model to be faster
 )
-config = configurator.load_config(defaults, sys.argv[1:])
+config = configurator.load_config(defaults, sys.argv[1:], help_source=__file__,
+                                  choices={'init_from': LOAD_CHOICES, 'dtype': DTYPES})
 device_type = check_device(config['device'], config['dtype'])
 globals().update(config)
 if temperature <= 0:

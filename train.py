@@ -65,31 +65,31 @@ if int(os.environ.get('RANK', 0)) != 0:
 from training.device import default_device, default_dtype
 # default config values designed to train a gpt2 (124M) on OpenWebText
 # I/O
-out_dir = 'out'
-eval_interval = 2000
-log_interval = 1
-eval_iters = 200
+out_dir = 'out' # ckpt.pt is written here, and read from here with init_from='resume'
+eval_interval = 2000 # evaluate the train and val loss (and save a checkpoint) every this many iterations
+log_interval = 1 # print the loss every this many iterations
+eval_iters = 200 # micro-batches averaged for each split's loss at an evaluation
 eval_only = False # if True, script exits right after the first eval
 always_save_checkpoint = True # if True, always save a checkpoint after each eval
 init_from = 'scratch' # 'scratch' or 'resume' or 'gpt2*' or a Hugging Face GPT-2 folder (docs/export.md)
 seed = 1337 # initial weights from seed, rank r's dropout from seed + r; batches from (seed, iteration, micro-step)
 # wandb logging
-wandb_log = False # disabled by default
-wandb_project = 'owt'
-wandb_run_name = 'gpt2' # 'run' + str(time.time())
+wandb_log = False # log losses, learning rates, speed and memory to Weights & Biases (docs/wandb.md; pip install wandb)
+wandb_project = 'owt' # the wandb project the run is logged to
+wandb_run_name = 'gpt2' # the run's name in wandb
 # data
 data_dir = 'data' # the dataset is read from data_dir/dataset/: train.bin, val.bin, optional meta.pkl
-dataset = 'openwebtext'
+dataset = 'openwebtext' # the directory under data_dir, prepared by prepare/<dataset>.py
 gradient_accumulation_steps = 5 * 8 # used to simulate larger batch sizes
 batch_size = 12 # if gradient_accumulation_steps > 1, this is the micro-batch size
-block_size = 1024
+block_size = 1024 # context length in tokens: each sample is this many tokens
 eval_batch_size = 0 # estimate_loss's micro-batch (same windows, same loss), 0 = batch_size; no backward: larger fits
 hellaswag = False # also score HellaSwag at each evaluation (GPT-2 tokens; its data: data_dir/hellaswag/)
 hellaswag_examples = 0 # with hellaswag: the first N validation examples, 0 = all 10,042
 # model
-n_layer = 12
-n_head = 12
-n_embd = 768
+n_layer = 12 # transformer blocks
+n_head = 12 # attention heads per block; n_embd must be divisible by it
+n_embd = 768 # width of the residual stream
 dropout = 0.0 # for pretraining 0 is good, for finetuning try 0.1+
 bias = False # do we use bias inside LayerNorm and Linear layers?
 # modern architecture (modded-nanogpt's; docs/modern_recipe.md): GPT-2's by default, recorded in model_args when changed
@@ -103,12 +103,13 @@ logit_softcap = 0.0 # > 0: logits capped to logit_softcap * tanh(logits / logit_
 activation_checkpointing = False # recompute each block in backward: much less activation memory, ~30% more compute
 autocast_cache = False # keep autocast's low-precision copy of every weight through each forward (torch's default)
 auto_batch_size = False # on CUDA, estimate_memory.py picks batch_size and gradient_accumulation_steps for the card
+gpu_headroom_gb = 0.5 # GiB of the card the estimate leaves to other programs (a desktop, a browser: a few 100 MiB)
 # adamw optimizer
 learning_rate = 6e-4 # max learning rate
 max_iters = 600000 # total number of training iterations
-weight_decay = 1e-1
-beta1 = 0.9
-beta2 = 0.95
+weight_decay = 1e-1 # on the 2-D parameters (matrices, embeddings); biases and LayerNorms get none
+beta1 = 0.9 # AdamW's first-moment decay
+beta2 = 0.95 # AdamW's second-moment decay
 grad_clip = 1.0 # clip gradients at this value, or disable if == 0.0
 optim = 'adamw' # 'adamw' (fp32 moments), 'adamw_bf16', 'adamw_8bit' (torchao's 8-bit moments) or 'muon'
 muon_learning_rate = 0.02 # optim='muon': max lr of the blocks' matrices (Keller Jordan's Muon; nanochat's matrix_lr)
@@ -143,7 +144,8 @@ ddp_local_rank = int(os.environ['LOCAL_RANK']) if ddp else 0
 ddp_world_size = int(os.environ['WORLD_SIZE']) if ddp else 1
 master_process = ddp_rank == 0 # this process will do logging, checkpointing etc.
 # everything is checked before anything is created or written: bad input fails here, with one line
-config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
+config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:], help_source=__file__,
+                                  choices=rules.CHOICES)
 device_type = check_device(config['device'], config['dtype'])
 rules.check_config(config, ddp_world_size, device_type)
 check_writable_dir(config['out_dir'])
@@ -379,7 +381,7 @@ def oom_message(e):
     stats = cuda_memory_stats(device) if device_type == 'cuda' else None
     phase, rows = ('training', batch_size) if raw_model.training else ('evaluation', eval_batch_size or batch_size)
     return oom_advice(phase, rows, gradient_accumulation_steps * ddp_world_size, ddp_world_size,
-                      activation_checkpointing, stats, fixed_memory if stats else 0), dict(every_rank=True)
+                      activation_checkpointing, stats, fixed_memory if stats else 0, optimizer_in_backward), dict(every_rank=True)
 on_error(torch.OutOfMemoryError, oom_message)
 
 while True:

@@ -62,14 +62,15 @@ def run_script(script, *args, env=None, timeout=300):
 
 
 def trace_card_preset(path):
-    """estimate_memory.py's warm-started trace of a config/*_<N>gb.py preset at its card (N GiB): (N, trace). A
-    function of this module so that a process pool can run it."""
+    """estimate_memory.py's warm-started trace of a config/*_<N>gb.py preset at its card (N GiB): (the bytes of the card
+    it may use, N GiB less gpu_headroom_gb; the trace). A function of this module so that a process pool can run
+    it."""
     import estimate_memory
     from training.memory import estimate
     torch.set_num_threads(1)
     card_gb = int(re.search(r'_(\d+)gb\.py$', Path(path).name)[1])
     config = estimate_memory.load_config([str(path), f'--gpu_memory_gb={card_gb}'])
-    return card_gb, estimate.trace(config, warm_start=True)
+    return estimate.budget(config, card_gb * 2 ** 30), estimate.trace(config, warm_start=True)
 
 
 def assert_same_losses(stdout, reference, kind, iterations):

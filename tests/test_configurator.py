@@ -72,12 +72,24 @@ def test_missing_or_broken_config_file(tmp_path):
         load_config(DEFAULTS, ['--batch_size'])
 
 
-def test_help_lists_keys_with_defaults(capsys):
+def test_help_lists_keys_with_defaults_descriptions_and_values(tmp_path, capsys):
+    script = write(tmp_path, "defaults = dict(\n    batch_size=12, # samples a micro-step\n    learning_rate=6e-4,\n)\n"
+                             "compile = True # use torch.compile\nbatch_size = 3 # not the default: read once\n")
     with pytest.raises(SystemExit) as e:
-        load_config(DEFAULTS, ['--help'])
+        load_config(DEFAULTS, ['--help'], help_source=script, choices={'dataset': ('openwebtext', 'shakespeare')})
     assert e.value.code == 0
-    out = capsys.readouterr().out
-    assert '--batch_size=12' in out and "--dataset='openwebtext'" in out and '--top_k=None' in out
+    lines = capsys.readouterr().out.splitlines()
+    assert '  --batch_size=12  samples a micro-step' in lines
+    assert '  --learning_rate=0.0006' in lines  # no comment, no description
+    assert '  --compile=True  use torch.compile; True or False' in lines
+    assert "  --dataset='openwebtext'  one of: openwebtext, shakespeare" in lines
+    assert '  --top_k=None' in lines
+
+
+def test_key_comments_reads_the_first_assignment_of_each_key():
+    source = ("x = 1 # the first\nx = 2 # the second\ndefaults = dict(\n    y='a', # a keyword\n    z=3,\n)\n"
+              "w = 4\nw = 5 # after an uncommented first\nprint(x) # not an assignment\n")
+    assert configurator.key_comments(source) == {'x': 'the first', 'y': 'a keyword'}
 
 
 # nanoGPT's train.py keys: its config files and checkpoints' config set them, so each must exist here
@@ -88,23 +100,50 @@ NANOGPT_KEYS = {'out_dir', 'eval_interval', 'log_interval', 'eval_iters', 'eval_
                 'lr_decay_iters', 'min_lr', 'backend', 'device', 'dtype', 'compile'}
 
 
-def test_train_defaults_are_the_keys_train_py_runs_with():
-    """train_defaults() runs a block of train.py's text; `train.py --help` lists what train.py's configurator takes.
-    A key defined outside the block, or a block that no longer runs on its own, fails here."""
-    listed = subprocess.run([sys.executable, 'train.py', '--help'], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120)
+def help_lines(script):
+    """{key: (default, description)} of `python script --help`, in the order listed, and the whole text."""
+    listed = subprocess.run([sys.executable, script, '--help'], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
-    keys = dict(line.strip()[2:].split('=', 1) for line in listed.stdout.splitlines() if line.startswith('  --'))
+    keys = {}
+    for line in listed.stdout.splitlines():
+        if line.startswith('  --'):
+            key_value, _, description = line.strip()[2:].partition('  ')
+            key, value = key_value.split('=', 1)
+            keys[key] = (value, description)
+    return keys, listed.stdout
+
+
+def test_train_defaults_are_the_keys_train_py_runs_with():
+    """train_defaults() runs a block of train.py's text; `train.py --help` lists what train.py's configurator takes,
+    each with a description. A key defined outside the block, or a block that no longer runs on its own, fails here."""
+    keys, _ = help_lines('train.py')
     defaults = configurator.train_defaults()
-    assert keys == {key: repr(value) for key, value in defaults.items()}
+    assert {key: value for key, (value, _) in keys.items()} == {key: repr(value) for key, value in defaults.items()}
+    assert [key for key, (_, description) in keys.items() if not description] == []
+    assert keys['optim'][1].endswith('one of: adamw, adamw_bf16, adamw_8bit, muon')
+    assert keys['compile'][1].endswith('; True or False')
     assert NANOGPT_KEYS <= set(defaults)
     assert (defaults['seed'], defaults['eval_batch_size'], defaults['data_dir'], defaults['timeout']) == \
         (1337, 0, 'data', 600)
     assert defaults['activation_checkpointing'] is False and defaults['auto_batch_size'] is False
     assert (defaults['optim'], defaults['optimizer_in_backward'], defaults['parallelism']) == ('adamw', False, 'ddp')
+    assert defaults['gpu_headroom_gb'] > 0  # a desktop or a browser holds some of the card
     if not torch.cuda.is_available():
         assert (defaults['device'], defaults['dtype'], defaults['compile'], defaults['backend']) == \
             ('cpu', 'float32', False, 'gloo')
+
+
+@pytest.mark.parametrize('script', ['sample.py', 'hellaswag.py', 'estimate_memory.py'])
+def test_every_key_of_the_tools_help_has_a_description(script):
+    keys, text = help_lines(script)
+    assert [key for key, (_, description) in keys.items() if not description] == []
+    assert keys['dtype'][1].endswith('one of: float32, bfloat16, float16')
+    if script == 'estimate_memory.py':  # its own keys first, then train.py's
+        import estimate_memory
+        own = list(estimate_memory.ESTIMATOR_DEFAULTS)
+        assert list(keys)[:len(own)] == own
+        assert set(keys) == set(estimate_memory.estimator_defaults())
+        assert 'exit status: 0 the config fits, 1 it does not (training or evaluation), 2 bad input' in text
 
 
 @pytest.mark.parametrize('device, dtype, match', [

@@ -18,6 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 import estimate_memory
 from helpers import ROOT, trace_card_preset, write_char_dataset
 from model import CHUNK_ELEMENTS, GPT, GPTConfig, VOCAB_BLOCK
+from training import rules
 from training.checkpoint import save_checkpoint
 from training.errors import ConfigError
 from training.memory import estimate as em
@@ -199,11 +200,12 @@ def card_preset_traces():
 @pytest.mark.slow
 @pytest.mark.parametrize('path', CARD_PRESETS, ids=lambda path: path.name)
 def test_card_presets_fit_their_card(card_preset_traces, path):
-    """Training and evaluation, with the allowance, within the card each preset is named for. Traced warm-started:
-    the same peak (see test_warm_start_trace_has_the_same_peak_as_two_full_iterations) in half the time."""
-    card_gb, result = card_preset_traces[path].result()
+    """Training and evaluation, with the allowance, within the card each preset is named for, less the memory left to
+    other programs (gpu_headroom_gb). Traced warm-started: the same peak (see
+    test_warm_start_trace_has_the_same_peak_as_two_full_iterations) in half the time."""
+    budget_bytes, result = card_preset_traces[path].result()
     train, evaluation = (em.total_bytes(result[phase]['peak_bytes']) for phase in ('train', 'eval'))
-    assert train <= card_gb * GIB and evaluation <= card_gb * GIB
+    assert train <= budget_bytes and evaluation <= budget_bytes
     assert train > result['train']['peak_bytes'] + em.CUDA_CONTEXT_BYTES
 
 
@@ -256,14 +258,20 @@ def test_find_batch_size_cli_returns_a_fitting_batch_whose_double_does_not_fit(t
 
     budget_gb = (estimated_total(8, False) + 1) / GIB
     monkeypatch.setattr(estimate_memory, 'estimator_defaults', lambda: tiny)
-    estimate_memory.main(['--find_batch_size', '--json', f'--gpu_memory_gb={budget_gb}'])
+    with pytest.raises(SystemExit):  # the card's memory less the headroom is the budget
+        estimate_memory.main(['--find_batch_size', '--json', f'--gpu_memory_gb={budget_gb + 0.25}',
+                              '--gpu_headroom_gb=0.25'])
     result = json.loads(capsys.readouterr().out)
+    assert result['budget_bytes'] == result['gpu_memory_bytes'] - GIB // 4 == int(budget_gb * GIB)
     off, on = result['find_batch_size']
     assert off['largest_batch_size'] == 8 and on['largest_batch_size'] >= 8
     for choice in (off, on):
         largest, checkpointing = choice['largest_batch_size'], choice['activation_checkpointing']
-        assert choice['largest_total_bytes'] == estimated_total(largest, checkpointing) <= result['gpu_memory_bytes']
-        assert estimated_total(2 * largest, checkpointing) > result['gpu_memory_bytes']
+        assert choice['largest_total_bytes'] == estimated_total(largest, checkpointing) <= result['budget_bytes']
+        assert estimated_total(2 * largest, checkpointing) > result['budget_bytes']
+        applied = passes_train_py_checks(tiny, choice['command'])  # what the report prints: train.py takes it
+        assert (applied['batch_size'], applied['gradient_accumulation_steps'], applied['activation_checkpointing']) \
+            == (choice['batch_size'], choice['gradient_accumulation_steps'], checkpointing)
         # the fewest micro-steps with micro-batches up to the largest, then the smallest micro-batch that keeps the
         # config's 128 samples per step with them
         accumulation = -(-128 // largest)
@@ -275,7 +283,11 @@ def test_find_batch_size_cli_returns_a_fitting_batch_whose_double_does_not_fit(t
 def test_pick_batch_size_keeps_tokens_per_step_and_fails_clearly(tiny):
     free = em.total_bytes(em.trace(em.rebatched(tiny, 3), evaluate=False)['train']['peak_bytes'], cuda_context=False)
     train_keys = {k: v for k, v in tiny.items() if k not in em.ESTIMATOR_DEFAULTS}  # as train.py passes it
-    assert em.pick_batch_size(train_keys, free) == (3, 3)  # 3 x 3 >= the config's 4 x 2 samples per step
+    # the free memory less gpu_headroom_gb, left to other programs, is the budget
+    headroom = int(tiny['gpu_headroom_gb'] * GIB)
+    assert headroom > 0
+    assert em.pick_batch_size(train_keys, free + headroom) == (3, 3)  # 3 x 3 >= the config's 4 x 2 samples per step
+    assert em.pick_batch_size(train_keys, free + headroom - 1) != (3, 3)
     with pytest.raises(ConfigError, match='even batch_size=1 needs'):
         em.pick_batch_size(tiny, 1000)
 
@@ -308,6 +320,29 @@ def test_bad_input_is_one_line_error(argv, named, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith('error: ') and err.count('\n') == 1 and named in err
+
+
+@pytest.mark.parametrize('phase, batch_size, accumulation, world_size, checkpointing, in_backward', [
+    ('training', 12, 40, 1, False, False), ('training', 6, 8, 4, True, False), ('training', 12, 1, 1, False, True),
+    ('evaluation', 16, 1, 1, False, True),
+])
+def test_oom_advice_commands_pass_train_py_checks(tiny, phase, batch_size, accumulation, world_size, checkpointing,
+                                                  in_backward):
+    """Each --key=value the advice prints, applied, is a config train.py accepts; with the step in backward (which
+    cannot accumulate) it lowers the micro-batch alone."""
+    stats = dict(allocated=9 * GIB, reserved=11 * GIB, peak=11 * GIB, total=12 * GIB)
+    config = {**tiny, 'batch_size': batch_size, 'gradient_accumulation_steps': accumulation, 'world_size': world_size,
+              'activation_checkpointing': checkpointing, 'optimizer_in_backward': in_backward,
+              'grad_clip': 0.0 if in_backward else 1.0}
+    rules.check_config(config, world_size, 'cuda')
+    message = oom_advice(phase, batch_size, accumulation, world_size, checkpointing, stats, 2 * GIB, in_backward)
+    suggestions = [part.split(' (')[0] for part in message.split('next step: ')[1].split(', or ')]
+    commands = [dict(arg[2:].split('=') for arg in part.split()) for part in suggestions if part.startswith('--')]
+    assert commands
+    for command in commands:
+        rules.check_config({**config, **{key: eval(value) for key, value in command.items()}}, world_size, 'cuda')
+    if in_backward and phase == 'training':
+        assert commands[0] == {'batch_size': '11'} and 'fewer tokens per step' in message
 
 
 def test_oom_advice_scales_the_batch_and_keeps_tokens():
@@ -375,3 +410,114 @@ def test_ladder_climbs_to_the_first_rung_that_fits(tiny):
     assert last['batch_size'] <= last['largest_batch_size']
     largest = em.rebatched({**tiny, 'activation_checkpointing': True}, last['largest_batch_size'])
     assert total(largest) <= budget < total(em.rebatched(largest, last['largest_batch_size'] + 1))
+
+
+def passes_train_py_checks(config, command):
+    """`config` with the printed --key=value `command` applied, checked by train.py's own rules (training.rules) for
+    its world_size on a GPU; the applied config."""
+    applied = {**config, **command}
+    rules.check_config(applied, applied['world_size'], 'cuda')
+    return applied
+
+
+def climb_every_rung(config, monkeypatch):
+    """The ladder at ever smaller budgets: each just below micro-batch 1's total at the rung the ladder before stopped
+    at, so that each climbs past it, until none fits. The ladders, each with its budget. The
+    ladders retrace the same configs: each trace (a pure function of its arguments) is made once."""
+    traces, trace = {}, em.trace
+
+    def trace_once(config, *args, **kwargs):
+        key = json.dumps([config, args, {k: v for k, v in kwargs.items() if k != 'progress'}], sort_keys=True)
+        if key not in traces:
+            traces[key] = trace(config, *args, **kwargs)
+        return traces[key]
+
+    monkeypatch.setattr(em, 'trace', trace_once)
+    ladders = []
+    budget = em.total_bytes(em.trace(config, evaluate=False)['train']['peak_bytes']) - 1  # below as configured
+    while True:
+        steps = em.ladder(config, budget)
+        ladders.append((budget, steps))
+        if not steps[-1]['fits']:
+            return ladders
+        budget = steps[-1]['batch_1_total_bytes'] - 1
+
+
+@pytest.mark.parametrize('overrides', [
+    pytest.param({}, id='one process'),  # fp32, clipping, 2 micro-steps: the issue's case, where train.py refused
+    pytest.param({'batch_size': 3, 'gradient_accumulation_steps': 4, 'world_size': 2, 'parallelism': 'zero1'},
+                 id='zero1 on 2 processes', marks=pytest.mark.slow),
+    pytest.param({'optimizer_in_backward': True, 'grad_clip': 0.0, 'gradient_accumulation_steps': 1, 'batch_size': 8},
+                 id='step in backward', marks=pytest.mark.slow),
+])
+def test_every_ladder_command_passes_train_py_checks_and_fits(tiny, overrides, monkeypatch):
+    """Every rung the ladder can stop at prints a command train.py accepts, whose step fits the budget, with the tokens
+    per step it says; the step in backward cannot accumulate, so its command has one micro-step and says it has fewer
+    tokens than configured (issue: it printed gradient_accumulation_steps=96, which train.py refuses). A rung that
+    train.py would refuse is skipped."""
+    config = {**tiny, 'n_layer': 1, 'n_embd': 256, **overrides}  # wide enough for 8-bit moments to be smaller
+    configured_samples = config['batch_size'] * config['gradient_accumulation_steps']
+    stopped_at = []
+    ladders = climb_every_rung(config, monkeypatch)
+    for budget, steps in ladders[:-1]:
+        last = steps[-1]
+        stopped_at.append(last['rung'])
+        applied = passes_train_py_checks(config, last['command'])
+        assert set(last['command']) <= set(last['levers']) | {'batch_size', 'gradient_accumulation_steps'}
+        assert (applied['batch_size'], applied['gradient_accumulation_steps']) == \
+            (last['batch_size'], last['gradient_accumulation_steps'])
+        assert last['tokens_per_step'] == applied['batch_size'] * applied['gradient_accumulation_steps'] * 32
+        assert em.total_bytes(em.trace(applied, evaluate=False)['train']['peak_bytes']) == last['total_bytes']
+        assert last['total_bytes'] <= budget
+        samples = applied['batch_size'] * applied['gradient_accumulation_steps']
+        if applied['optimizer_in_backward']:
+            assert applied['gradient_accumulation_steps'] == 1 and samples <= configured_samples
+        else:
+            assert samples >= configured_samples
+    skipped = [step['rung'] for step in ladders[-1][1] if step['skipped']]
+    assert skipped == (['optimizer step in backward'] if config['world_size'] > 1 else [])  # one process only
+    if not config['optimizer_in_backward']:  # the rung that adds it stops a ladder, where train.py allows it
+        assert ('optimizer step in backward' in stopped_at) == (config['world_size'] == 1)
+    assert len(stopped_at) >= 3
+
+
+def test_a_config_that_fits_needs_no_ladder(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(estimate_memory, 'estimator_defaults', lambda: tiny)
+    with pytest.raises(SystemExit) as exit_info:
+        estimate_memory.main(['--ladder', '--gpu_memory_gb=12'])
+    assert exit_info.value.code == estimate_memory.FITS
+    out = capsys.readouterr().out
+    assert 'ladder: fits as configured, nothing to change' in out and 'add to your command' not in out
+
+
+def test_headroom_is_left_free_and_shown(tiny):
+    """A config whose total fits the card exactly fits with no headroom and not with the default's."""
+    result = em.estimate({**tiny, 'gpu_headroom_gb': 0.0})
+    needed = max(result['total_bytes'], result['eval_total_bytes'])
+    card_gb = needed / GIB
+    exact = {**tiny, 'gpu_memory_gb': card_gb}
+    assert em.estimate({**exact, 'gpu_headroom_gb': 0.0})['fits']
+    leaving = em.estimate(exact)
+    assert not leaving['fits'] and leaving['headroom_bytes'] == int(tiny['gpu_headroom_gb'] * GIB) > 0
+    assert ', 0.50 GiB of it left free: --gpu_headroom_gb), ' in estimate_memory.report(exact, leaving)
+
+
+def test_exit_status_progress_and_json(tiny, capsys, monkeypatch):
+    """0 when the config fits, 1 when it does not (so `estimate_memory.py ... && train.py ...` gates a launch), 2 for
+    bad input; progress on stderr, so --json's stdout stays one JSON object."""
+    monkeypatch.setattr(estimate_memory, 'estimator_defaults', lambda: tiny)
+    for argv, status in ((['--gpu_memory_gb=12'], estimate_memory.FITS),
+                         (['--gpu_memory_gb=1.1', '--batch_size=4096'], estimate_memory.DOES_NOT_FIT),
+                         (['--gpu_memory_gb=1.1', '--eval_batch_size=8192'], estimate_memory.DOES_NOT_FIT),
+                         (['--gpu_memory_gb=12', '--gpu_headroom_gb=-1'], estimate_memory.BAD_INPUT)):
+        with pytest.raises(SystemExit) as exit_info:
+            estimate_memory.main(['--json', *argv])
+        assert exit_info.value.code == status, argv
+        out, err = capsys.readouterr()
+        if status != estimate_memory.BAD_INPUT:
+            result = json.loads(out)
+            assert result['fits'] == (status == estimate_memory.FITS)
+            if '--eval_batch_size=8192' in argv:  # training fits, evaluation does not: does not fit
+                assert result['total_bytes'] <= result['budget_bytes'] < result['eval_total_bytes']
+            assert 'tracing training at micro-batch' in err.splitlines()[0]
+    assert (estimate_memory.FITS, estimate_memory.DOES_NOT_FIT, estimate_memory.BAD_INPUT) == (0, 1, 2)

@@ -44,6 +44,7 @@ def config(tmp_path):
     ({'auto_batch_size': True}, 'auto_batch_size=True sizes the batch'),
     ({'optim': 'adam8'}, "unknown optim 'adam8'"),
     ({'hellaswag_examples': -1}, 'hellaswag_examples must be at least 1, or 0 for all; got -1'),
+    ({'gpu_headroom_gb': -0.5}, 'gpu_headroom_gb=-0.5 must be 0 or more'),
 ])
 def test_check_config_names_the_key(config, overrides, message):
     with pytest.raises(ConfigError) as e:

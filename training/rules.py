@@ -6,6 +6,8 @@ import os
 
 from model import GPTConfig
 from training import hf, optim, parallel
+from training.device import DTYPES
+from training.checkpoint import LOAD_CHOICES
 from training.errors import ConfigError, first_line
 from training.hellaswag import GPT2_VOCAB_SIZE
 from training.meta import META_NAME, load_meta
@@ -19,6 +21,10 @@ MODERN_DEFAULTS = {field.name: field.default for field in dataclasses.fields(GPT
 MODERN_CHOICES = {'pos_emb': ('learned', 'rope'), 'norm': ('layernorm', 'rmsnorm'), 'mlp': ('gelu', 'relu2')}
 AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval',
                 'log_interval', 'n_layer', 'n_head', 'n_embd')
+# the values train.py takes for these keys, for the checks and --help
+CHOICES = {'init_from': ('scratch', *LOAD_CHOICES),
+           'optim': optim.OPTIMS, 'weight_dtype': optim.WEIGHT_DTYPES, 'dtype': DTYPES,
+           'parallelism': parallel.PARALLELISMS, 'lr_schedule': ('cosine', 'wsd'), **MODERN_CHOICES}
 
 
 def check_config(config, world_size, device_type):
@@ -28,11 +34,14 @@ def check_config(config, world_size, device_type):
             raise ConfigError(f'{key} must be at least 1, got {config[key]}')
     if config['eval_batch_size'] < 0:
         raise ConfigError(f"eval_batch_size must be at least 1, or 0 for batch_size; got {config['eval_batch_size']}")
+    if config['gpu_headroom_gb'] < 0:
+        raise ConfigError(f"gpu_headroom_gb={config['gpu_headroom_gb']} must be 0 or more: the GiB of the card to "
+                          f"leave free for other programs, e.g. --gpu_headroom_gb=0.5")
     if config['hellaswag_examples'] < 0:
         raise ConfigError(f"hellaswag_examples must be at least 1, or 0 for all; got {config['hellaswag_examples']}")
     if not 0.0 <= config['dropout'] < 1.0:
         raise ConfigError(f"dropout is a probability in [0, 1), got {config['dropout']}: e.g. --dropout=0.1")
-    if config['lr_schedule'] not in ('cosine', 'wsd'):
+    if config['lr_schedule'] not in CHOICES['lr_schedule']:
         raise ConfigError(f"unknown lr_schedule {config['lr_schedule']!r}: use 'cosine' or 'wsd'")
     if config['lr_schedule'] == 'wsd' and not 0.0 < config['cooldown_frac'] <= 1.0:
         raise ConfigError(f"cooldown_frac must be in (0, 1], got {config['cooldown_frac']}: the fraction of "

@@ -38,11 +38,12 @@ def resplit(batch_size, gradient_accumulation_steps, world_size, largest):
 
 
 def oom_advice(phase, batch_size, gradient_accumulation_steps, world_size, activation_checkpointing, stats=None,
-               fixed=0):
+               fixed=0, optimizer_in_backward=False):
     """The message for an out-of-memory error in `phase` ('training' or 'evaluation').
 
     batch_size is the micro-batch of that phase (eval_batch_size for evaluation); gradient_accumulation_steps and
-    world_size are the configured (global) values. stats: cuda_memory_stats(), or None where there are none (cpu)."""
+    world_size are the configured (global) values. stats: cuda_memory_stats(), or None where there are none (cpu).
+    With optimizer_in_backward, which cannot accumulate, a smaller micro-batch is a smaller step."""
     lines = [f'out of memory during {phase} at micro-batch {batch_size}.']
     if stats is not None:
         lines.append(f"memory: allocated {stats['allocated'] / GIB:.2f} GiB, reserved {stats['reserved'] / GIB:.2f} "
@@ -58,7 +59,9 @@ def oom_advice(phase, batch_size, gradient_accumulation_steps, world_size, activ
             lines.append('next step: a smaller block_size or model; the evaluation batch is already 1')
         return '\n'.join(lines)
     steps = []
-    if batch_size > 1:
+    if batch_size > 1 and optimizer_in_backward:
+        steps.append(f'--batch_size={fit} (fewer tokens per step: optimizer_in_backward cannot accumulate)')
+    elif batch_size > 1:
         batch, accumulation = resplit(batch_size, gradient_accumulation_steps, world_size, fit)
         steps.append(f'--batch_size={batch} --gradient_accumulation_steps={accumulation} (at least the same tokens '
                      f'per step)')

@@ -44,8 +44,16 @@ TRACED_ITERATIONS = 2
 # so at most 2 are traced per iteration.
 TRACED_MICRO_STEPS = 2
 LOSSES = ('chunked', 'naive')
-ESTIMATOR_DEFAULTS = {'gpu_memory_gb': 12.0, 'json': False, 'find_batch_size': False, 'measure': False,
-                      'world_size': 1, 'loss': 'chunked', 'ladder': False}
+# estimate_memory.py's own keys (its --help shows these comments)
+ESTIMATOR_DEFAULTS = dict(
+    gpu_memory_gb=12.0, # the card's memory in GiB (a "12 GB" card has 12 GiB); gpu_headroom_gb of it is left free
+    json=False, # print one JSON object instead of the report
+    find_batch_size=False, # also find the largest micro-batch that fits, activation checkpointing off and on
+    ladder=False, # if it does not fit: add memory levers one at a time until it does, and print that command
+    measure=False, # also run two real training steps on this machine's GPU: the ground truth
+    world_size=1, # processes under torchrun: the per-rank memory of ddp, zero1 or fsdp
+    loss='chunked', # chunked: model.py's loss; naive: nanoGPT's full logits, to compare
+)
 # The ladder of memory levers (--ladder), in order: each rung adds its keys to the rungs before it, at what cost
 LADDER = (
     ('as configured', {}, ''),
@@ -65,6 +73,16 @@ LADDER = (
 
 def gib(n):
     return f'{n / GIB:.2f} GiB'
+
+
+def silent(message):
+    """The progress callback that says nothing (train.py's auto_batch_size)."""
+
+
+def budget(config, card_bytes):
+    """The bytes of a card of `card_bytes` that config's run may take: all but gpu_headroom_gb, left to other
+    programs (a desktop, a browser)."""
+    return int(card_bytes - config['gpu_headroom_gb'] * GIB)
 
 
 def naive_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean', softcap=0.0):
@@ -127,7 +145,7 @@ def random_batch(batch_size, block_size, vocab_size, device):
     return torch.randint(vocab_size, shape, device=device), torch.randint(vocab_size, shape, device=device)
 
 
-def train_iterations(model, optimizer, config, batch_size, device_type, warm_start=False):
+def train_iterations(model, optimizer, config, batch_size, device_type, warm_start=False, progress=silent):
     """train.py's loop, TRACED_ITERATIONS iterations of traced_micro_steps(config) micro-steps. GradScaler (fp16)
     scales in place and adds only scalars, so it is left out.
 
@@ -152,8 +170,9 @@ def train_iterations(model, optimizer, config, batch_size, device_type, warm_sta
         loss = torch.zeros(())  # the previous micro-step's loss, still referenced during the next forward
         iterations, micro_steps = 1, 1
     sharded = hasattr(model, 'set_requires_gradient_sync')  # FSDP: train.py reduce-scatters on the last micro-step
-    for _ in range(iterations):
+    for iteration in range(iterations):
         for micro_step in range(micro_steps):
+            progress(f'  iteration {iteration + 1} of {iterations}, micro-step {micro_step + 1} of {micro_steps}')
             if sharded:
                 set_gradient_sync(model, 'fsdp', micro_step == micro_steps - 1)
             with autocast(device_type, config):
@@ -199,12 +218,18 @@ def traced_micro_steps(config):
     return min(config['gradient_accumulation_steps'] // config['world_size'], TRACED_MICRO_STEPS)
 
 
-def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_start=False, device_type='cuda'):
+def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_start=False, device_type='cuda',
+          progress=silent):
     """The traced peaks of `config`'s training iterations (see train_iterations for warm_start) and evaluation
     forward (if `evaluate`) under FakeTensorMode, where no memory is used. Returns a JSON-able dict. device_type:
-    whose optimizer and autocast to trace, 'cuda' (the estimate) or 'cpu' (to compare with a real run on a CPU)."""
+    whose optimizer and autocast to trace, 'cuda' (the estimate) or 'cpu' (to compare with a real run on a CPU).
+    progress: called with a line of text at each micro-step (a large model's trace takes minutes)."""
     batch_size, activation_checkpointing = config['batch_size'], config['activation_checkpointing']
     eval_batch_size = config['eval_batch_size'] or batch_size
+    progress(f"tracing training at micro-batch {batch_size}, gradient_accumulation_steps="
+             f"{config['gradient_accumulation_steps']}, activation checkpointing "
+             f"{'on' if activation_checkpointing else 'off'}, {config['optim']}"
+             f"{', step in backward' if config['optimizer_in_backward'] else ''}")
     tracer = MemoryTracer(alignment)
     with sharded_rank(config) as mesh, FakeTensorMode(), tracer:
         model, optimizer = build(config, activation_checkpointing, mesh, device_type)
@@ -219,10 +244,11 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
             buckets = torch.empty(sum(p.numel() for p in model.parameters()), dtype=torch.float32)
             tracer.retag(buckets, 'ddp_gradient_buckets')
         tracer.reset_peak()
-        train_iterations(model, optimizer, config, batch_size, 'cpu', warm_start)
+        train_iterations(model, optimizer, config, batch_size, 'cpu', warm_start, progress)
         train = tracer.phase_result()
         evaluation = None
         if evaluate:
+            progress(f'  evaluation forward at batch {eval_batch_size}')
             tracer.reset_peak()
             eval_forward(model, config, eval_batch_size, 'cpu')
             evaluation = dict(batch_size=eval_batch_size, **tracer.phase_result())
@@ -248,7 +274,11 @@ def total_bytes(peak_bytes, cuda_context=True):
 
 
 def fewest_micro_steps(config, largest):
-    """(batch_size, gradient_accumulation_steps) of config re-split into micro-batches of at most `largest`."""
+    """(batch_size, gradient_accumulation_steps) of config re-split into micro-batches of at most `largest`. With the
+    optimizer step in backward, which cannot accumulate (training.optim.check_config): one micro-batch of at most
+    `largest`, so a step has fewer tokens than configured where `largest` is smaller than its samples."""
+    if config['optimizer_in_backward']:
+        return min(largest, config['batch_size'] * config['gradient_accumulation_steps']), 1
     return resplit(config['batch_size'], config['gradient_accumulation_steps'], config['world_size'], largest)
 
 
@@ -258,7 +288,7 @@ def rebatched(config, batch_size):
     return {**config, 'batch_size': batch_size, 'gradient_accumulation_steps': accumulation}
 
 
-def largest_batch(config, budget_bytes, loss='chunked', cuda_context=True):
+def largest_batch(config, budget_bytes, loss='chunked', cuda_context=True, progress=silent):
     """The largest micro-batch whose traced training peak plus allowance fits `budget_bytes` (None if batch 1 does
     not), and {micro-batch: estimated total bytes} of the traces made, up to the batch that needs one micro-step per
     iteration (batch_size * gradient_accumulation_steps / world_size): beyond it the tokens per step would grow.
@@ -268,7 +298,7 @@ def largest_batch(config, budget_bytes, loss='chunked', cuda_context=True):
     totals = {}
 
     def fits(batch_size):
-        result = trace(rebatched(config, batch_size), loss, evaluate=False, warm_start=True)
+        result = trace(rebatched(config, batch_size), loss, evaluate=False, warm_start=True, progress=progress)
         totals[batch_size] = total_bytes(result['train']['peak_bytes'], cuda_context)
         return totals[batch_size] <= budget_bytes
 
@@ -304,15 +334,16 @@ def largest_batch(config, budget_bytes, loss='chunked', cuda_context=True):
 def pick_batch_size(config, free_bytes):
     """(batch_size, gradient_accumulation_steps) for train.py's auto_batch_size: fewest_micro_steps with the largest
     micro-batch whose estimate fits `free_bytes` (the card's free memory, measured after the CUDA context exists, so
-    the allowance leaves the context out), with the config's activation_checkpointing. `config` has train.py's keys
-    (world_size defaults to 1). ConfigError if batch 1 does not fit."""
+    the allowance leaves the context out) less gpu_headroom_gb, with the config's activation_checkpointing. `config`
+    has train.py's keys (world_size defaults to 1). ConfigError if batch 1 does not fit."""
     config = {**ESTIMATOR_DEFAULTS, **config}
-    batch_size, totals = largest_batch(config, free_bytes, cuda_context=False)
+    batch_size, totals = largest_batch(config, budget(config, free_bytes), cuda_context=False)
     if batch_size is None:
         hint = 'a smaller model or block_size' if config['activation_checkpointing'] else \
             '--activation_checkpointing=True, a smaller model or block_size'
-        raise ConfigError(f'auto_batch_size: even batch_size=1 needs about {totals[1] / GIB:.2f} GiB but the GPU has '
-                          f'{free_bytes / GIB:.2f} GiB free: try {hint}')
+        raise ConfigError(f"auto_batch_size: even batch_size=1 needs about {totals[1] / GIB:.2f} GiB but the GPU has "
+                          f"{free_bytes / GIB:.2f} GiB free, {config['gpu_headroom_gb']:g} GiB of it left to other "
+                          f"programs (gpu_headroom_gb): try {hint}")
     return fewest_micro_steps(config, batch_size)
 
 
@@ -352,26 +383,34 @@ def check_config(config):
         raise ConfigError(f'--measure runs two real training steps on a GPU, but CUDA is not available here '
                           f'(torch {torch.__version__}): drop --measure for the estimate alone')
     fixed = CUDA_CONTEXT_BYTES + WORKSPACE_BYTES
-    if config['gpu_memory_gb'] * GIB <= fixed:
-        raise ConfigError(f"gpu_memory_gb={config['gpu_memory_gb']} is less than the CUDA context and workspaces "
-                          f"alone ({fixed / GIB:.2f} GiB): give the card's memory, e.g. --gpu_memory_gb=12")
+    if budget(config, config['gpu_memory_gb'] * GIB) <= fixed:
+        raise ConfigError(f"gpu_memory_gb={config['gpu_memory_gb']} less gpu_headroom_gb={config['gpu_headroom_gb']} "
+                          f"is less than the CUDA context and workspaces alone ({fixed / GIB:.2f} GiB): give the "
+                          f"card's memory, e.g. --gpu_memory_gb=12, or a smaller --gpu_headroom_gb")
 
 
 
-def find_batch_sizes(config, budget_bytes):
-    """largest_batch and fewest_micro_steps with activation checkpointing off and on, as JSON-able dicts;
-    ConfigError if batch 1 fits neither way."""
+def changes(config, keys):
+    """The keys of `keys` whose value differs from `config`'s: what to add to config's command line."""
+    return {key: value for key, value in keys.items() if config[key] != value}
+
+
+def find_batch_sizes(config, budget_bytes, progress=silent):
+    """largest_batch and fewest_micro_steps with activation checkpointing off and on, as JSON-able dicts with the
+    keys to change (`command`); ConfigError if batch 1 fits neither way."""
     choices = []
     for checkpointing in (False, True):
         checkpointed = {**config, 'activation_checkpointing': checkpointing}
-        largest, totals = largest_batch(checkpointed, budget_bytes, config['loss'])
+        largest, totals = largest_batch(checkpointed, budget_bytes, config['loss'], progress=progress)
         choice = dict(activation_checkpointing=checkpointing, largest_batch_size=largest,
                       largest_total_bytes=totals.get(largest), batch_size=None, gradient_accumulation_steps=None,
-                      tokens_per_step=None)
+                      tokens_per_step=None, command=None)
         if largest is not None:
             batch_size, accumulation = fewest_micro_steps(config, largest)
             choice.update(batch_size=batch_size, gradient_accumulation_steps=accumulation,
-                          tokens_per_step=batch_size * config['block_size'] * accumulation)
+                          tokens_per_step=batch_size * config['block_size'] * accumulation,
+                          command=changes(config, dict(activation_checkpointing=checkpointing, batch_size=batch_size,
+                                                       gradient_accumulation_steps=accumulation)))
         choices.append(choice)
     if all(choice['batch_size'] is None for choice in choices):
         raise ConfigError(f"gpu_memory_gb={config['gpu_memory_gb']}: even batch_size=1 with activation checkpointing "
@@ -379,55 +418,68 @@ def find_batch_sizes(config, budget_bytes):
     return choices
 
 
-def ladder(config, budget_bytes):
-    """Climb LADDER until a rung fits `budget_bytes`: at each, the largest micro-batch that fits with the levers so
-    far (at least the config's tokens per step, but with the step in backward, which cannot accumulate). A list of
-    JSON-able dicts, one a rung tried; the last has fits=True, and the config found and its evaluation's total,
-    unless none fits."""
+def ladder(config, budget_bytes, progress=silent):
+    """Climb LADDER until a rung fits `budget_bytes`: at each, the config's micro-batch if it fits with the levers so
+    far, else the largest that does, re-split to keep the config's tokens per step (with the step in backward, which
+    cannot accumulate, one micro-batch: fewer tokens). A rung whose config train.py would refuse here (torchao
+    missing, several processes for the step in backward) is skipped, with the reason. A list of JSON-able dicts, one
+    a rung; the last that was tried has fits=True, the keys to add to the command line (`command`: every lever so far,
+    as the config may hold train.py's value of a key only by the estimator's defaults, such as dtype, and the batch
+    keys that change) and its evaluation's total, unless none fits."""
     steps, levers = [], {}
     for name, keys, cost in LADDER:
-        if keys.get('optimizer_in_backward') and config['world_size'] > 1:
-            continue  # one process only
-        if keys.get('optim') == 'adamw_8bit':
-            try:
-                optim.require('adamw_8bit')
-            except ConfigError:
-                continue  # torchao is not installed: the next rung
-        levers.update(keys)
-        rung = {**config, **levers}
-        if levers.get('optimizer_in_backward'):  # one micro-step a step: the step's samples as one micro-batch
+        rung = {**config, **levers, **keys}
+        if rung['optimizer_in_backward']:  # one micro-step a step: at most the step's samples in one micro-batch
             rung.update(batch_size=config['batch_size'] * config['gradient_accumulation_steps'],
                         gradient_accumulation_steps=1)
-        largest, totals = largest_batch(rung, budget_bytes, config['loss'])
-        step = dict(rung=name, cost=cost, levers=dict(levers), batch_1_total_bytes=totals[1], fits=largest is not None)
+        try:
+            rules.check_config(rung, rung['world_size'], 'cuda')
+        except ConfigError as e:
+            steps.append(dict(rung=name, cost=cost, levers={**levers, **keys}, fits=False, skipped=str(e)))
+            continue
+        levers.update(keys)
+        progress(f'ladder, + {name}')
+        largest, totals = largest_batch(rung, budget_bytes, config['loss'], progress=progress)
+        step = dict(rung=name, cost=cost, levers=dict(levers), batch_1_total_bytes=totals[1], fits=largest is not None,
+                    skipped=None)
         steps.append(step)
         if largest is None:
             continue
-        batch_size, accumulation = fewest_micro_steps(rung, largest)
+        if largest >= rung['batch_size']:
+            batch_size, accumulation = rung['batch_size'], rung['gradient_accumulation_steps']
+        else:
+            batch_size, accumulation = fewest_micro_steps(rung, largest)
         found = {**rung, 'batch_size': batch_size, 'gradient_accumulation_steps': accumulation}
-        evaluation = trace(found, config['loss'])['eval']['peak_bytes']
+        evaluation = trace(found, config['loss'], progress=progress)
         step.update(batch_size=batch_size, gradient_accumulation_steps=accumulation, largest_batch_size=largest,
-                    total_bytes=totals[largest],
-                    eval_total_bytes=total_bytes(evaluation), tokens_per_step=batch_size * accumulation *
-                    rung['block_size'])
+                    total_bytes=total_bytes(evaluation['train']['peak_bytes']),
+                    eval_total_bytes=total_bytes(evaluation['eval']['peak_bytes']),
+                    tokens_per_step=batch_size * accumulation * rung['block_size'],
+                    command={**levers, **changes(config, {'batch_size': batch_size,
+                                                          'gradient_accumulation_steps': accumulation})})
         break
     return steps
 
 
-def estimate(config, warm_start=False):
-    """Everything main() reports for a checked config, as one JSON-able dict (see trace for warm_start)."""
-    budget_bytes = int(config['gpu_memory_gb'] * GIB)
-    result = trace(config, config['loss'], warm_start=warm_start)
+def estimate(config, progress=silent, warm_start=False):
+    """Everything main() reports for a checked config, as one JSON-able dict. progress: called with a line of text
+    before each trace and at each of its micro-steps; warm_start: see trace."""
+    card_bytes = int(config['gpu_memory_gb'] * GIB)
+    budget_bytes = budget(config, card_bytes)
+    result = trace(config, config['loss'], progress=progress, warm_start=warm_start)
     result['allowance'] = allowance(result['train']['peak_bytes'])
     result['total_bytes'] = total_bytes(result['train']['peak_bytes'])
     result['eval_total_bytes'] = total_bytes(result['eval']['peak_bytes'])
-    result['gpu_memory_bytes'] = budget_bytes
+    result['gpu_memory_bytes'] = card_bytes
+    result['headroom_bytes'] = card_bytes - budget_bytes
+    result['budget_bytes'] = budget_bytes
     result['fits'] = max(result['total_bytes'], result['eval_total_bytes']) <= budget_bytes
     if config['find_batch_size']:
-        result['find_batch_size'] = find_batch_sizes(config, budget_bytes)
-    if config['ladder']:
-        result['ladder'] = ladder(config, budget_bytes)
+        result['find_batch_size'] = find_batch_sizes(config, budget_bytes, progress)
+    if config['ladder']:  # a config that fits needs no lever: an empty ladder
+        result['ladder'] = [] if result['fits'] else ladder(config, budget_bytes, progress)
     if config['measure']:
+        progress('measuring on the GPU')
         result['measured'] = measure(config, config['loss'])
     return result
 
