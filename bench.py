@@ -23,10 +23,9 @@ import torch
 import torch.nn.functional as F
 
 import configurator
-from model import GPTConfig, GPT, chunked_cross_entropy, default_chunk_size
+from model import GPTConfig, GPT, chunked_cross_entropy, default_chunk_size, naive_cross_entropy
 from training.device import TORCH_DTYPES, check_device, default_device, default_dtype, peak_flops
 from training.errors import ConfigError, fail, first_line, install_handler
-from training.memory.estimate import naive_cross_entropy
 from training.memory.tracer import MemoryTracer
 
 install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)

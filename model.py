@@ -670,3 +670,14 @@ def _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, re
                                            False, False, fused=fused, softcap=softcap)[0]
     return _LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused,
                                      softcap)
+
+
+def naive_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean', softcap=0.0):
+    """nanoGPT's loss, for comparison (model.loss_fn = naive_cross_entropy: bench.py, estimate_memory.py --loss=naive):
+    the full (N, vocab) logits, then cross-entropy. CUDA autocast runs cross-entropy's log_softmax in fp32 (CPU
+    autocast keeps bf16), so the cast is explicit and a trace on the CPU matches the GPU. softcap > 0: of the logits
+    capped as logit_softcap caps them."""
+    logits = F.linear(hidden, weight).float()
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    return F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction=reduction)

@@ -14,10 +14,9 @@ import io
 
 import torch
 import torch.distributed as dist
-from torch.nn import functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, naive_cross_entropy
 from training import optim, rules
 from training.checkpoint import load_checkpoint
 from training.errors import ConfigError
@@ -83,17 +82,6 @@ def budget(config, card_bytes):
     """The bytes of a card of `card_bytes` that config's run may take: all but gpu_headroom_gb, left to other
     programs (a desktop, a browser)."""
     return int(card_bytes - config['gpu_headroom_gb'] * GIB)
-
-
-def naive_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean', softcap=0.0):
-    """nanoGPT's loss: the full (N, vocab) logits, then cross-entropy. CUDA autocast runs cross-entropy's log_softmax
-    in fp32 (CPU autocast keeps bf16), so the cast is explicit here and the trace matches the GPU. softcap > 0: of
-    the logits capped as model.py's logit_softcap caps them."""
-    logits = F.linear(hidden, weight).float()
-    if softcap:
-        logits = softcap * torch.tanh(logits / softcap)
-    return F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction=reduction)
-
 
 
 def model_args(config):
