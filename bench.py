@@ -57,7 +57,7 @@ block_size = 1024
 n_layer = 12
 n_head = 12
 n_embd = 768
-vocab_size = 50304
+vocab_size = GPTConfig.vocab_size # GPT-2's, padded
 bias = False
 dropout = 0.0 # 0 for determinism
 # data (train mode)

@@ -151,6 +151,8 @@ class KVCache:
         self.max_len = max_len
         self.length = 0 # positions filled
 
+GPT2_VOCAB_SIZE = 50257 # OpenAI's GPT-2 BPE: the tokens of its checkpoints, tiktoken's 'gpt2' and HellaSwag's
+
 @dataclass
 class GPTConfig:
     block_size: int = 1024
@@ -300,7 +302,7 @@ class GPT(nn.Module):
         override_args = override_args or {} # default to empty dict
         # only dropout can be overridden see more notes below
         assert all(k == 'dropout' for k in override_args)
-        config_args = dict(cls.PRETRAINED_ARGS[model_type], vocab_size=50257, block_size=1024, bias=True)
+        config_args = dict(cls.PRETRAINED_ARGS[model_type], vocab_size=GPT2_VOCAB_SIZE, block_size=1024, bias=True)
         if 'dropout' in override_args:
             print(f"overriding dropout rate to {override_args['dropout']}")
             config_args['dropout'] = override_args['dropout']

@@ -14,6 +14,7 @@ from contextlib import nullcontext
 import torch
 
 import configurator
+from model import GPT2_VOCAB_SIZE
 from prepare.common import get_encoding
 from training.checkpoint import LOAD_CHOICES, load_model
 from training.device import DTYPES, TORCH_DTYPES, check_device, default_device, default_dtype
@@ -82,7 +83,7 @@ if meta_path is not None and os.path.exists(meta_path):
     def decode(ids):
         return ''.join([itos[i] for i in ids])
 else:
-    if vocab_size < 50257:
+    if vocab_size < GPT2_VOCAB_SIZE:
         fail(f"the model's vocab_size is {vocab_size}, too small for GPT-2's tokens, and its dataset's meta.pkl "
              f"({meta_path or 'none recorded'}) is not there: prepare that dataset again")
     # ok let's assume gpt-2 encodings by default

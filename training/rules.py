@@ -4,15 +4,14 @@ the fix, before anything is created or written."""
 import dataclasses
 import os
 
-from model import GPTConfig
+from model import GPT2_VOCAB_SIZE, GPTConfig
 from training import hf, optim, parallel
 from training.device import DTYPES
 from training.checkpoint import LOAD_CHOICES
 from training.errors import ConfigError, first_line
-from training.hellaswag import GPT2_VOCAB_SIZE
 from training.meta import META_NAME, load_meta
 
-DEFAULT_VOCAB_SIZE = 50304  # GPT-2's 50257 padded up to a multiple of 64, as nanoGPT does
+DEFAULT_VOCAB_SIZE = GPTConfig.vocab_size  # GPT-2's padded up to a multiple of 64, as nanoGPT does
 ARCHITECTURE_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size')
 # GPTConfig's modern options, train.py keys of the same names, and their GPT-2 defaults. model_args holds one only
 # where it differs from its default: a GPT-2 model's model_args are nanoGPT's, which nanoGPT's GPTConfig(**) takes
