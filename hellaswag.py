@@ -18,7 +18,7 @@ from prepare.common import get_encoding
 from training.checkpoint import load_model
 from training.device import TORCH_DTYPES, check_device, default_device, default_dtype
 from training.errors import ConfigError, fail
-from training.hellaswag import GPT2_VOCAB_SIZE, cached_val_file, evaluate, read_examples
+from training.hellaswag import GPT2_VOCAB_SIZE, cached_val_file, evaluate, read_examples, report_cut_contexts
 
 # -----------------------------------------------------------------------------
 defaults = dict(
@@ -47,7 +47,8 @@ if init_from != 'resume' and init_from not in GPT.PRETRAINED_ARGS:
 
 # the data first: its errors show before any weights are loaded
 try:
-    examples = read_examples(data_path or cached_val_file(), max_examples)
+    offline_fix = 'offline, pass --data_path=PATH to a copy of hellaswag_val.jsonl'
+    examples = read_examples(data_path or cached_val_file(offline_fix=offline_fix), max_examples)
 except ConfigError as e:
     fail(e)
 
@@ -67,6 +68,7 @@ if compile:
 
 try:
     enc = get_encoding('gpt2')
+    report_cut_contexts(examples, enc, model.config.block_size)
     result = evaluate(model, examples, enc, device, ctx, batch_size, progress=True)
 except ConfigError as e:
     fail(e)

@@ -48,7 +48,7 @@ from training.checkpoint import (checkpoint_path, load_checkpoint, load_model_st
                                  save_checkpoint)
 from training.device import TORCH_DTYPES, check_device, peak_flops
 from training.errors import ConfigError, fail, first_line
-from training.hellaswag import cached_val_file, evaluate, read_examples
+from training.hellaswag import cached_val_file, evaluate, read_examples, report_cut_contexts
 from training.memory.advice import cuda_memory_stats, oom_advice
 from training.optim import build_optimizer, group_lr
 from training.paths import check_writable_dir
@@ -244,6 +244,8 @@ if hellaswag: # its data and tokenizer before the weights: a missing file fails 
             dist.barrier()
         hellaswag_set = read_examples(cached_val_file(hellaswag_dir), hellaswag_examples)
         enc = get_encoding('gpt2')
+        if master_process: # once a run, not at each evaluation
+            report_cut_contexts(hellaswag_set, enc, model_args['block_size'])
     except ConfigError as e:
         fail(e)
 if init_from in GPT.PRETRAINED_ARGS:
