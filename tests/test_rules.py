@@ -107,7 +107,12 @@ def test_check_dataset(config, tmp_path):
     with pytest.raises(ConfigError, match='val.bin is empty: prepare the dataset again'):
         rules.check_dataset(config)
     (tmp_path / 'tiny' / 'val.bin').write_bytes(bytes(20))  # 10 tokens, fewer than block_size + 1
-    with pytest.raises(ConfigError, match='block_size=16 needs at least 17 tokens'):
+    with pytest.raises(ConfigError, match=r'the val split, .*val.bin, has 10 tokens but block_size=16 needs at least '
+                                          r'17: use a smaller --block_size, or prepare a larger validation split '
+                                          r'\(prepare/openwebtext.py: a larger --test_size\)'):
+        rules.check_dataset(config)
+    (tmp_path / 'tiny' / 'train.bin').write_bytes(bytes(20))
+    with pytest.raises(ConfigError, match=r'the train split, .*train.bin, has 10 tokens .* a larger --max_tokens'):
         rules.check_dataset(config)
     rules.check_dataset({**config, 'block_size': 8})
 

@@ -81,8 +81,10 @@ def check_dataset(config):
         if split_tokens == 0:
             raise ConfigError(f'{split_path} is empty: prepare the dataset again ({prepare_hint(config)})')
         if split_tokens <= block_size:
-            raise ConfigError(f'block_size={block_size} needs at least {block_size + 1} tokens but {split_path} has '
-                              f'{split_tokens}: use a smaller --block_size')
+            more = ('a larger validation split (prepare/openwebtext.py: a larger --test_size)' if split == 'val' else
+                    'more text (prepare/openwebtext.py: a larger --max_tokens)')
+            raise ConfigError(f'the {split} split, {split_path}, has {split_tokens} tokens but block_size={block_size} '
+                              f'needs at least {block_size + 1}: use a smaller --block_size, or prepare {more}')
 
 
 def prepare_hint(config):
