@@ -4,6 +4,7 @@ import contextlib
 import os
 import pickle
 import shutil
+import signal
 import sys
 import urllib.request
 
@@ -27,6 +28,7 @@ class PrepareError(ConfigError):
 def run_main(main):
     """Run a script's main(); a PrepareError (any ConfigError) becomes one line on stderr and exit status 2, Ctrl-C
     one line and status 130 (atomic_files has removed the temporaries by then: no output was written)."""
+    leave_ctrl_c_to_this_process()
     try:
         main()
     except ConfigError as e:
@@ -36,6 +38,18 @@ def run_main(main):
             raise
         print_error('interrupted: no output written, temporary files removed')
         sys.exit(INTERRUPTED_STATUS)
+
+
+def leave_ctrl_c_to_this_process():
+    """Ctrl-C signals every process of the terminal's foreground group: the worker processes that datasets forks for
+    num_proc > 1 inherit this handler and ignore it (each would print its traceback); this process stops them and
+    says so in one line. (Workers spawned, on macOS and Windows, keep Python's handler.)"""
+    main_pid = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() == main_pid:
+            raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, handler)
 
 
 def interrupted(exc):

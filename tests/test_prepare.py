@@ -452,3 +452,23 @@ def test_an_error_while_cleaning_up_after_ctrl_c_is_the_interrupt(capsys):
                                                                    'removed\n')
     with pytest.raises(TimeoutError):
         common.run_main(lambda: (_ for _ in ()).throw(TimeoutError()))
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_forked_workers_without_their_tracebacks(tmp_path):
+    """Ctrl-C reaches the whole process group, as datasets' workers under num_proc > 1: one line, nothing else."""
+    code = ('import multiprocessing, os, signal, time\n'
+            'from prepare import common\n'
+            'def work(_):\n'
+            '    time.sleep(60)\n'
+            'def main():\n'
+            '    with multiprocessing.get_context("fork").Pool(2) as pool:\n'
+            '        result = pool.map_async(work, range(2))\n'
+            '        time.sleep(1)\n'
+            '        os.killpg(0, signal.SIGINT)\n'
+            '        result.get()\n'
+            'common.run_main(main)\n')
+    result = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            start_new_session=True)  # its own process group, which killpg(0) signals
+    assert result.returncode == 130
+    assert result.stderr == 'interrupted: no output written, temporary files removed\n'
