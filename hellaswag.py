@@ -18,7 +18,7 @@ from training.checkpoint import LOAD_CHOICES, load_model
 from training.device import DTYPES, TORCH_DTYPES, check_device, default_device, default_dtype
 from training.errors import fail, install_handler
 from training.hf import pretrained_config
-from training.hellaswag import GPT2_VOCAB_SIZE, cached_val_file, evaluate, read_examples
+from training.hellaswag import GPT2_VOCAB_SIZE, cached_val_file, evaluate, read_examples, report_cut_contexts
 
 install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
 
@@ -46,7 +46,8 @@ if init_from != 'resume':
 # -----------------------------------------------------------------------------
 
 # the data first: its errors show before any weights are loaded
-examples = read_examples(data_path or cached_val_file(), max_examples)
+offline_fix = 'offline, pass --data_path=PATH to a copy of hellaswag_val.jsonl'
+examples = read_examples(data_path or cached_val_file(offline_fix=offline_fix), max_examples)
 
 ptdtype = TORCH_DTYPES[dtype]
 ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
@@ -60,6 +61,7 @@ if compile:
     model = torch.compile(model) # requires PyTorch 2.0 (optional)
 
 enc = get_encoding('gpt2')
+report_cut_contexts(examples, enc, model.config.block_size)
 result = evaluate(model, examples, enc, device, ctx, batch_size, progress=True)
 n = result['n']
 print(f"hellaswag: {n} examples, acc {result['acc']:.4f} ({result['correct']}/{n}), "

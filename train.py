@@ -48,7 +48,7 @@ from training.checkpoint import (checkpoint_path, load_checkpoint, load_model_st
                                  restore_training_state, save_checkpoint)
 from training.device import TORCH_DTYPES, check_device, peak_flops
 from training.errors import fail, first_line, install_handler, on_error
-from training.hellaswag import cached_val_file, evaluate, read_examples
+from training.hellaswag import cached_val_file, evaluate, read_examples, report_cut_contexts
 from training.memory.advice import cuda_memory_stats, oom_advice
 from training.optim import build_optimizer, group_lr, muon_momentum_at
 from training.paths import check_writable_dir
@@ -256,6 +256,8 @@ if hellaswag: # its data and tokenizer before the weights: a missing file fails 
         dist.barrier()
     hellaswag_set = read_examples(cached_val_file(hellaswag_dir), hellaswag_examples)
     enc = get_encoding('gpt2')
+    if master_process: # once a run, not at each evaluation
+        report_cut_contexts(hellaswag_set, enc, model_args['block_size'])
 if init_from not in ('scratch', 'resume'): # OpenAI's GPT-2 or a Hugging Face GPT-2 folder
     model = pretrained_model(init_from, dropout) # only dropout can be overridden
     if crop is not None: # crop down the model block size if desired, using model surgery

@@ -4,17 +4,21 @@ import contextlib
 import os
 import pickle
 import shutil
+import signal
+import sys
 import urllib.request
 
 import numpy as np
 import tiktoken
 
-from training.errors import ConfigError, fail, first_line
+from training.errors import ConfigError, fail, first_line, print_error
 from training.paths import check_writable_dir
 
 SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
 UINT16_IDS = 2 ** 16  # train.bin/val.bin hold uint16 ids, so a vocabulary may have at most this many tokens
 TRAIN_FRACTION = 0.9  # nanoGPT's shakespeare split: the first 90% of the text trains, the rest validates
+OUTPUT_NAMES = ('train.bin', 'val.bin', 'meta.pkl', 'input.txt')  # what the scripts write to their out_dir
+INTERRUPTED_STATUS = 130  # what a shell reports for a process that Ctrl-C (SIGINT, 2) ended: 128 + 2
 
 
 class PrepareError(ConfigError):
@@ -22,11 +26,51 @@ class PrepareError(ConfigError):
 
 
 def run_main(main):
-    """Run a script's main(); a PrepareError (any ConfigError) becomes one line on stderr and exit status 2."""
+    """Run a script's main(); a PrepareError (any ConfigError) becomes one line on stderr and exit status 2, Ctrl-C
+    one line and status 130 (atomic_files has removed the temporaries by then: no output was written)."""
+    leave_ctrl_c_to_this_process()
     try:
         main()
     except ConfigError as e:
         fail(e)
+    except BaseException as e:
+        if not interrupted(e):
+            raise
+        print_error('interrupted: no output written, temporary files removed')
+        sys.exit(INTERRUPTED_STATUS)
+
+
+def leave_ctrl_c_to_this_process():
+    """Ctrl-C signals every process of the terminal's foreground group: the worker processes that datasets forks for
+    num_proc > 1 inherit this handler and ignore it (each would print its traceback); this process stops them and
+    says so in one line. (Workers spawned, on macOS and Windows, keep Python's handler.)"""
+    main_pid = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() == main_pid:
+            raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, handler)
+
+
+def interrupted(exc):
+    """Whether `exc` is Ctrl-C's KeyboardInterrupt or was raised while handling one: datasets' map with num_proc > 1
+    raises a TimeoutError as it cleans up its worker pool, which Ctrl-C stopped too."""
+    while exc is not None:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc = exc.__context__
+    return False
+
+
+def remove_stale_temporaries(out_dir):
+    """Remove the temporaries of out_dir's outputs that a killed run left: atomic_files removes its own on any
+    exception, but not when the process is killed (SIGKILL, a closed terminal, a power cut), and they can be GBs."""
+    for name in OUTPUT_NAMES:
+        tmp = temporary_name(os.path.join(out_dir, name))
+        if os.path.isfile(tmp):
+            size = os.path.getsize(tmp)
+            os.remove(tmp)
+            print(f'removed {tmp} ({size / 1e6:,.1f} MB), left by an interrupted run')
 
 
 def default_out_dir(name):
@@ -72,6 +116,7 @@ def read_text(input_path, url, out_dir):
     """The text of `input_path`, or of out_dir/input.txt, which is downloaded from `url` when absent (as nanoGPT).
     Checks first that out_dir can be written, where the outputs will go."""
     check_writable_dir(out_dir)
+    remove_stale_temporaries(out_dir)
     if input_path is None:
         input_path = os.path.join(out_dir, 'input.txt')
         if not os.path.exists(input_path):
@@ -111,13 +156,17 @@ def get_encoding(name):
                            f'TIKTOKEN_CACHE_DIR to a folder holding tiktoken\'s cached {name} files') from None
 
 
+def temporary_name(path):
+    return f'{path}.tmp'
+
+
 @contextlib.contextmanager
 def atomic_files(*paths):
     """Yield temporary names next to `paths`; they replace `paths` only if the block succeeds, else they are removed.
 
     Same directory, so os.replace is a rename: readers see the old files or the complete new ones, never a half.
     """
-    tmps = [f'{path}.tmp' for path in paths]
+    tmps = [temporary_name(path) for path in paths]
     try:
         yield tmps
     except BaseException:

@@ -12,7 +12,10 @@ With --max_tokens N the dataset is streamed, nothing is downloaded ahead, and on
 (0, 2000, 4000, ... for 0.0005) go to val: of the first n documents read, ceil(n * test_size) are val, the count
 train_test_split gives. The others fill train.bin until it holds exactly N tokens: the last train document is cut
 there, so train.bin may end without end-of-text, and reading stops; val keeps the documents held out so far (about
-N * test_size tokens). If the stream ends first, both files keep what was read and the script says so.
+N * test_size tokens). If the stream ends first, both files keep what was read and the script says so. Where
+nanoGPT's 0.0005 would leave val.bin too few tokens to evaluate on (--max_tokens under about 40M), the default
+--test_size holds out more documents, up to 10%, and the script says so; it warns of a small val.bin either way.
+A run that is killed leaves train.bin.tmp/val.bin.tmp (Ctrl-C removes them): the next run removes them first.
 FineWeb-Edu's 10B-token sample matches GPT-2 124M's budget (llm.c reproduced GPT-2 124M on 10B FineWeb tokens):
     python prepare/openwebtext.py --dataset HuggingFaceFW/fineweb-edu --name sample-10BT \\
         --max_tokens 10_000_000_000 --out_dir data/fineweb_edu
@@ -36,6 +39,11 @@ SPLIT_SEED = 2357  # nanoGPT's, so the same documents land in val
 WRITE_SHARDS = 1024  # nanoGPT's: each shard's ids are gathered in RAM, then copied into the memmap
 STREAM_BATCH = 1024  # --max_tokens: documents read and tokenized (by num_proc threads) at a time
 WRITE_BUFFER = 2 ** 20  # --max_tokens: ids gathered in RAM per split (2 MiB) before they are appended to the file
+NANOGPT_TEST_SIZE = 0.0005  # the fraction of the documents nanoGPT holds out for val
+# val.bin's least useful size: ten disjoint windows of GPT-2's 1024 tokens. With fewer, train.py's val loss averages
+# a few overlapping windows (none at all below 1025 tokens, and train.py refuses the dataset)
+MIN_VAL_TOKENS = 10 * 1025
+DEFAULT_VAL_TOKENS = 2 * MIN_VAL_TOKENS  # what the default --test_size aims at: documents' lengths vary around it
 
 
 def default_num_proc():
@@ -51,6 +59,33 @@ def check_test_size(test_size):
 def check_max_tokens(max_tokens):
     if max_tokens < 1:
         raise common.PrepareError(f'--max_tokens {max_tokens} must be at least 1 (e.g. 10_000_000_000)')
+
+
+def default_test_size(max_tokens):
+    """--test_size's default: nanoGPT's; with --max_tokens, the fraction that holds out about DEFAULT_VAL_TOKENS
+    (expected_val_tokens) where nanoGPT's would hold out fewer, at most the 10% of nanoGPT's shakespeare split."""
+    if max_tokens is None:
+        return NANOGPT_TEST_SIZE
+    needed = DEFAULT_VAL_TOKENS / (max_tokens + DEFAULT_VAL_TOKENS)
+    if needed <= NANOGPT_TEST_SIZE:
+        return NANOGPT_TEST_SIZE
+    return min(math.ceil(needed * 1000) / 1000, round(1 - common.TRAIN_FRACTION, 3))
+
+
+def expected_val_tokens(test_size, max_tokens):
+    """About how many tokens the documents held out for val hold, where train gets max_tokens from the rest."""
+    return round(test_size / (1 - test_size) * max_tokens)
+
+
+def check_val_size(val_tokens, test_size):
+    """Say, when val.bin has fewer than MIN_VAL_TOKENS tokens, what --test_size would give it about DEFAULT_VAL_TOKENS
+    (the held-out tokens grow with the fraction of documents held out), at most half."""
+    if val_tokens >= MIN_VAL_TOKENS:
+        return
+    larger = min(0.5, math.ceil(test_size * DEFAULT_VAL_TOKENS / max(val_tokens, 1) * 1000) / 1000)
+    print(f'warning: val.bin has only {val_tokens:,} tokens, fewer than the {MIN_VAL_TOKENS:,} of ten '
+          f'1024-token windows, so its loss is noisy (train.py refuses a block_size of {val_tokens} or more); '
+          f'for a larger val.bin run again with --test_size {larger:g}')
 
 
 def describe(dataset, name, split):
@@ -71,7 +106,8 @@ def load_documents(dataset, name, split, **kwargs):
                                   f'to use local files pass --dataset text|json|parquet --data_files PATH') from None
 
 
-def load_splits(dataset, data_files=None, split='train', test_size=0.0005, num_proc=1, cache_dir=None, name=None):
+def load_splits(dataset, data_files=None, split='train', test_size=NANOGPT_TEST_SIZE, num_proc=1, cache_dir=None,
+                name=None):
     """Load `split` of `dataset` and divide its documents into shuffled 'train' and 'val' (a DatasetDict)."""
     check_test_size(test_size)
     documents = load_documents(dataset, name, split, data_files=data_files, num_proc=num_proc, cache_dir=cache_dir)
@@ -173,8 +209,8 @@ class TokenWriter:
         self.parts, self.buffered = [], 0
 
 
-def prepare_stream(stream, out_dir, enc, max_tokens, text_column='text', test_size=0.0005, num_proc=1,
-                   what='the dataset'):
+def prepare_stream(stream, out_dir, enc, max_tokens, text_column='text', test_size=NANOGPT_TEST_SIZE,
+                   num_proc=1, what='the dataset'):
     """Tokenize documents of the IterableDataset `stream` until train.bin holds exactly `max_tokens` tokens (the
     last train document is cut there), holding out for val the documents is_val picks; return the token counts."""
     check_encoding(enc)
@@ -223,8 +259,10 @@ def main(argv=None):
                         help='local files or globs for --dataset text/json/parquet/csv')
     parser.add_argument('--split', default='train', help="split to read, e.g. 'train[:1%%]' (default: %(default)s)")
     parser.add_argument('--text_column', default='text', help='column holding the documents (default: %(default)s)')
-    parser.add_argument('--test_size', type=float, default=0.0005,
-                        help='fraction of the documents that goes to val.bin (default: %(default)s, as nanoGPT)')
+    parser.add_argument('--test_size', type=float,
+                        help=f'fraction of the documents that goes to val.bin (default: {NANOGPT_TEST_SIZE}, as '
+                             f'nanoGPT; with a --max_tokens under {DEFAULT_VAL_TOKENS / NANOGPT_TEST_SIZE / 1e6:.0f}M, '
+                             f'more, so that val.bin holds about {DEFAULT_VAL_TOKENS:,} tokens)')
     parser.add_argument('--num_proc', type=int, default=default_num_proc(),
                         help='processes for loading and tokenizing, threads for tokenizing with --max_tokens '
                              '(default: half the cores, %(default)s)')
@@ -242,16 +280,25 @@ def main(argv=None):
     if args.max_tokens is not None:
         check_max_tokens(args.max_tokens)  # before the encoding and the stream, which may reach the network
     common.check_writable_dir(args.out_dir)
+    common.remove_stale_temporaries(args.out_dir)  # before the download or the stream: they may need that room
     enc = common.get_encoding(args.encoding)
+    test_size = args.test_size
+    if test_size is None:
+        test_size = default_test_size(args.max_tokens)
+        if test_size != NANOGPT_TEST_SIZE:
+            print(f'holding out {test_size:g} of the documents for val.bin (about '
+                  f'{expected_val_tokens(test_size, args.max_tokens):,} tokens), not nanoGPT\'s {NANOGPT_TEST_SIZE} '
+                  f'(about {expected_val_tokens(NANOGPT_TEST_SIZE, args.max_tokens):,}): --test_size chooses')
     if args.max_tokens is not None:
         stream = load_documents(args.dataset, args.name, args.split, data_files=args.data_files,
                                 cache_dir=args.cache_dir, streaming=True)
-        prepare_stream(stream, args.out_dir, enc, args.max_tokens, args.text_column, args.test_size, args.num_proc,
-                       describe(args.dataset, args.name, args.split))
-        return
-    splits = load_splits(args.dataset, args.data_files, args.split, args.test_size, args.num_proc, args.cache_dir,
-                         args.name)
-    prepare(splits, args.out_dir, enc, args.text_column, args.num_proc)
+        counts = prepare_stream(stream, args.out_dir, enc, args.max_tokens, args.text_column, test_size,
+                                args.num_proc, describe(args.dataset, args.name, args.split))
+    else:
+        splits = load_splits(args.dataset, args.data_files, args.split, test_size, args.num_proc, args.cache_dir,
+                             args.name)
+        counts = prepare(splits, args.out_dir, enc, args.text_column, args.num_proc)
+    check_val_size(counts['val'], test_size)
 
 
 if __name__ == '__main__':  # the guard also keeps worker processes (spawned on Windows and macOS) from re-running it

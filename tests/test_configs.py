@@ -5,6 +5,7 @@ import pytest
 
 import configurator
 from helpers import ROOT
+from training import rules
 
 CONFIG_FILES = sorted((ROOT / 'config').glob('*.py'))
 
@@ -28,7 +29,8 @@ def assigned_names(path):
 def test_config_sets_only_train_keys(path):
     """Every name a preset assigns is a train.py key: a misspelt key would be a helper variable, silently ignored."""
     assert assigned_names(path) <= set(configurator.train_defaults())
-    load(path)  # and each value has its key's type: a ConfigError otherwise
+    config = load(path)  # and each value has its key's type: a ConfigError otherwise
+    rules.check_config(config, 1, 'cuda')  # and train.py accepts it on a GPU
 
 
 def test_openwebtext_12gb_batch_shape():

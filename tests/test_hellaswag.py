@@ -166,6 +166,16 @@ def test_an_ending_longer_than_the_block_is_an_error():
         render(dict(ctx='The cat', endings=['sat on the mat', 'a', 'b', 'c'], label=0), tiny_encoding(), 4)
 
 
+def test_cut_contexts_are_counted_once(capsys):
+    """Byte-level tokens: a context of n letters is n tokens, each ending ' b' 2; block_size 10 holds 9 + 2 - 1."""
+    examples = [dict(ctx='a' * n, endings=['b', 'c', 'd', 'e'], label=0) for n in (5, 9, 10, 20)]
+    hellaswag.report_cut_contexts(examples, tiny_encoding(), 10)
+    assert capsys.readouterr().out == ('hellaswag: 2 of the 4 examples are longer than block_size=10: their contexts '
+                                       'lose their oldest tokens, so the scores are not those of whole contexts\n')
+    hellaswag.report_cut_contexts(examples, tiny_encoding(), 21)
+    assert capsys.readouterr().out == ''
+
+
 def test_max_examples_reads_only_the_first(tmp_path):
     path = write_jsonl(tmp_path / 'val.jsonl', EXAMPLES[:3])
     with open(path, 'a') as f:
@@ -214,8 +224,18 @@ def test_the_download_is_cached_and_a_failed_one_leaves_nothing(tmp_path):
     assert cached_val_file(cache, url='file:///nonexistent/hellaswag_val.jsonl') == path  # no second download
     elsewhere = tmp_path / 'elsewhere'
     with pytest.raises(ConfigError, match='could not download .*--data_path=PATH'):
-        cached_val_file(elsewhere, url='file:///nonexistent/hellaswag_val.jsonl')
+        cached_val_file(elsewhere, url='file:///nonexistent/hellaswag_val.jsonl',
+                        offline_fix='offline, pass --data_path=PATH')
     assert not elsewhere.exists() or not any(elsewhere.iterdir())
+
+
+def test_the_failed_download_says_where_the_file_goes_unless_the_script_says_otherwise(tmp_path):
+    """train.py has no --data_path: its fix is the file's place, data_dir/hellaswag/."""
+    with pytest.raises(ConfigError) as error:
+        cached_val_file(tmp_path / 'hellaswag', url='file:///nonexistent/hellaswag_val.jsonl')
+    assert str(error.value).endswith(f"offline, put a copy of hellaswag_val.jsonl at "
+                                     f"{tmp_path / 'hellaswag' / 'hellaswag_val.jsonl'}")
+    assert '--data_path' not in str(error.value)
     assert hellaswag.DATA_URL == 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl'
 
 
@@ -302,10 +322,13 @@ def hellaswag_lines(stdout):
 @pytest.mark.slow
 @pytest.mark.parametrize('architecture', [[], MODERN_ARCH_ARGS], ids=['gpt2', 'modern'])
 def test_train_py_scores_hellaswag_at_each_evaluation(tmp_path, architecture):
-    result = train_with_hellaswag(tmp_path, *architecture)
+    # 4 of EXAMPLES are longer than 32 tokens: their contexts are cut
+    result = train_with_hellaswag(tmp_path, '--block_size=32', *architecture)
     assert result.returncode == 0, result.stderr
     lines = hellaswag_lines(result.stdout)
     assert [line.split(':')[0] for line in lines] == ['hellaswag 0', 'hellaswag 2']
+    [cut] = [line for line in result.stdout.splitlines() if 'longer than block_size' in line]  # once, not per eval
+    assert cut.startswith('hellaswag: 4 of the 7 examples are longer than block_size=32')
     assert all(line.endswith(f'({len(EXAMPLES)} examples)') for line in lines)
     # the scores of the model checkpointed right after the evaluation at iteration 2
     model = GPT(GPTConfig(**torch.load(tmp_path / 'out' / 'ckpt.pt', weights_only=True)['model_args']))

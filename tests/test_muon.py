@@ -133,7 +133,7 @@ def test_torch_without_muon_is_one_line(monkeypatch):
 @pytest.mark.parametrize('overrides, world_size, message', [
     ({'parallelism': 'fsdp'}, 2, "optim='muon' orthogonalizes each whole weight matrix"),
     ({'muon_momentum': 1.0}, 1, 'muon_momentum must be in [0, 1)'),
-    ({'learning_rate': 0.0}, 1, '--learning_rate'),
+    ({'muon_learning_rate': -0.02}, 1, 'muon_learning_rate must be 0 or more, got -0.02'),
 ])
 def test_check_config_refuses_with_one_line(overrides, world_size, message):
     config = {**CONFIG, 'parallelism': 'ddp', 'gradient_accumulation_steps': 1, 'grad_clip': 1.0,
@@ -141,7 +141,7 @@ def test_check_config_refuses_with_one_line(overrides, world_size, message):
     with pytest.raises(ConfigError) as error:
         optim.check_config(config, world_size)
     assert message in str(error.value) and '\n' not in str(error.value)
-    optim.check_config({**config, 'parallelism': 'fsdp', 'learning_rate': 1e-3, 'muon_momentum': 0.95}, 1)
+    optim.check_config({**config, 'parallelism': 'fsdp', 'muon_learning_rate': 0.02, 'muon_momentum': 0.95}, 1)
 
 
 def test_estimator_traces_4_bytes_a_matrix_parameter(weighty):

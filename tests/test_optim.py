@@ -111,11 +111,42 @@ def test_estimator_reflects_each_lever(weighty, monkeypatch):
     ({'optim': 'adam8', 'optimizer_in_backward': False}, "unknown optim 'adam8'"),
 ])
 def test_check_config_names_the_conflict(overrides, message):
-    config = {'optim': 'adamw', 'optimizer_in_backward': True, 'gradient_accumulation_steps': 1, 'grad_clip': 0.0,
-              'dtype': 'float32', 'auto_batch_size': False, 'weight_dtype': 'float32', 'parallelism': 'ddp',
-              **overrides}
+    config = {**IN_BACKWARD, **overrides}
     with pytest.raises(ConfigError, match=message):
         optim.check_config(config, config.pop('world_size', 1))
+
+
+IN_BACKWARD = {'optim': 'adamw', 'optimizer_in_backward': True, 'gradient_accumulation_steps': 1, 'grad_clip': 0.0,
+               'dtype': 'float32', 'auto_batch_size': False, 'weight_dtype': 'float32', 'parallelism': 'ddp',
+               'learning_rate': 6e-4, 'beta1': 0.9, 'beta2': 0.95, 'weight_decay': 0.1}
+
+
+def test_in_backward_lists_every_conflict_in_one_line_the_process_count_first():
+    """Under torchrun the process count is what explains the rest; every fix shows at once, not one a run."""
+    config = {**IN_BACKWARD, 'gradient_accumulation_steps': 2, 'grad_clip': 1.0, 'dtype': 'float16'}
+    with pytest.raises(ConfigError) as error:
+        optim.check_config(config, 2)
+    message = str(error.value)
+    assert '\n' not in message and message.startswith('optimizer_in_backward=True conflicts with 2 processes')
+    fixes = ['without torchrun', '--gradient_accumulation_steps=1', '--grad_clip=0.0', '--dtype=bfloat16',
+             '--optimizer_in_backward=False']
+    assert all(fix in message for fix in fixes)
+    assert [message.index(fix) for fix in fixes] == sorted(message.index(fix) for fix in fixes)
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'learning_rate': -1.0}, 'learning_rate must be positive, got -1.0: e.g. --learning_rate=6e-4'),
+    ({'learning_rate': 0.0}, 'learning_rate must be positive'),
+    ({'beta2': 1.5}, "beta2 is a moment's decay rate in [0, 1), got 1.5: e.g. --beta2=0.95"),
+    ({'beta1': -0.1}, "beta1 is a moment's decay rate in [0, 1), got -0.1: e.g. --beta1=0.9"),
+    ({'weight_decay': -1.0}, 'weight_decay must be 0 or more, got -1.0'),
+    ({'grad_clip': -1.0}, 'grad_clip is a norm, 0 or more, got -1.0'),
+])
+def test_hyperparameters_out_of_range_are_refused_before_torch_sees_them(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        optim.check_config({**IN_BACKWARD, 'optimizer_in_backward': False, **overrides}, 1)
+    assert message in str(error.value) and '\n' not in str(error.value)
+    optim.check_config({**IN_BACKWARD, 'optimizer_in_backward': False, 'beta2': 0.0, 'weight_decay': 0.0}, 1)
 
 
 def test_missing_torchao_names_the_install(monkeypatch):

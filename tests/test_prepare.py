@@ -379,3 +379,95 @@ def test_gpt2_encoding(tmp_path):
     shakespeare.prepare(CORPUS, tmp_path, enc)
     ids = np.concatenate([read_bin(tmp_path / 'train.bin'), read_bin(tmp_path / 'val.bin')])
     assert enc.decode(ids.tolist()) == CORPUS
+
+
+def test_a_small_budget_holds_out_a_usable_val_split(tmp_path, monkeypatch, capsys):
+    """nanoGPT's 0.0005 of 100k tokens would be one document; the default holds out enough for ten 1024 windows."""
+    path = write_corpus(tmp_path / 'docs.jsonl', make_documents(2500), 'json')
+    status, out, err = run_openwebtext(monkeypatch, capsys, '--dataset', 'json', '--data_files', path,
+                                       '--max_tokens', '100_000', '--out_dir', tmp_path / 'out')
+    assert status == 0, err
+    assert "holding out 0.1 of the documents for val.bin (about 11,111 tokens), not nanoGPT's 0.0005 (about 50)" in out
+    assert len(read_bin(tmp_path / 'out' / 'val.bin')) >= openwebtext.MIN_VAL_TOKENS and 'warning' not in out
+    assert openwebtext.default_test_size(10_000_000_000) == openwebtext.default_test_size(None) == 0.0005  # nanoGPT's
+    assert openwebtext.default_test_size(30_000_000) == 0.001
+
+
+@pytest.mark.parametrize('max_tokens', [['--max_tokens', '5_000'], []])
+def test_a_small_val_split_is_said_with_the_test_size_that_fixes_it(tmp_path, monkeypatch, capsys, max_tokens):
+    path = write_corpus(tmp_path / 'docs.jsonl', make_documents(300), 'json')
+    args = ['--dataset', 'json', '--data_files', path, *max_tokens, '--cache_dir', tmp_path / 'hf']
+    status, out, err = run_openwebtext(monkeypatch, capsys, *args, '--test_size', '0.0005', '--out_dir', tmp_path)
+    val_tokens = len(read_bin(tmp_path / 'val.bin'))
+    [warning] = [line for line in out.splitlines() if line.startswith('warning: ')]
+    assert status == 0 and warning.startswith(f'warning: val.bin has only {val_tokens:,} tokens, fewer than the '
+                                              f'10,250 of ten 1024-token windows')
+    larger = warning.split('--test_size ')[-1]
+    status, out, err = run_openwebtext(monkeypatch, capsys, *args, '--test_size', larger, '--out_dir', tmp_path)
+    assert status == 0 and len(read_bin(tmp_path / 'val.bin')) > 10 * val_tokens
+
+
+def test_temporaries_of_a_killed_run_are_removed_first(tmp_path, monkeypatch, capsys):
+    (tmp_path / 'train.bin.tmp').write_bytes(bytes(3_000_000))  # as a SIGKILLed run leaves them
+    (tmp_path / 'val.bin.tmp').write_bytes(bytes(10))
+    (tmp_path / 'notes.tmp').write_bytes(b'the user\'s')
+    path = write_corpus(tmp_path / 'docs.jsonl', make_documents(40), 'json')
+    status, out, err = run_openwebtext(monkeypatch, capsys, '--dataset', 'json', '--data_files', path,
+                                       '--max_tokens', '100', '--out_dir', tmp_path)
+    assert status == 0, err
+    assert out.startswith(f"removed {tmp_path / 'train.bin.tmp'} (3.0 MB), left by an interrupted run\n"
+                          f"removed {tmp_path / 'val.bin.tmp'} (0.0 MB), left by an interrupted run\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['docs.jsonl', 'notes.tmp', 'train.bin', 'val.bin']
+
+
+def test_ctrl_c_is_one_line_and_keeps_previous_outputs(tmp_path, monkeypatch, capsys):
+    for name in ('train.bin', 'val.bin'):
+        (tmp_path / name).write_bytes(b'old')
+
+    def interrupted_stream():
+        for doc in make_documents(20):
+            yield {'text': doc}
+        raise KeyboardInterrupt
+    stream = datasets.IterableDataset.from_generator(interrupted_stream)
+    monkeypatch.setattr(openwebtext, 'load_documents', lambda *args, **kwargs: stream)
+    status, _, err = run_openwebtext(monkeypatch, capsys, '--max_tokens', '10_000', '--out_dir', tmp_path)
+    assert status == 130
+    assert err.endswith('\ninterrupted: no output written, temporary files removed\n')  # after the progress bar
+    assert 'Traceback' not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['train.bin', 'val.bin']
+    assert all((tmp_path / name).read_bytes() == b'old' for name in ('train.bin', 'val.bin'))
+
+
+def test_an_error_while_cleaning_up_after_ctrl_c_is_the_interrupt(capsys):
+    """datasets' map with num_proc > 1 raises a TimeoutError as it closes the worker pool that Ctrl-C stopped."""
+    def main():
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise TimeoutError
+    with pytest.raises(SystemExit) as exit_:
+        common.run_main(main)
+    assert exit_.value.code == 130 and capsys.readouterr().err == ('interrupted: no output written, temporary files '
+                                                                   'removed\n')
+    with pytest.raises(TimeoutError):
+        common.run_main(lambda: (_ for _ in ()).throw(TimeoutError()))
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_forked_workers_without_their_tracebacks(tmp_path):
+    """Ctrl-C reaches the whole process group, as datasets' workers under num_proc > 1: one line, nothing else."""
+    code = ('import multiprocessing, os, signal, time\n'
+            'from prepare import common\n'
+            'def work(_):\n'
+            '    time.sleep(60)\n'
+            'def main():\n'
+            '    with multiprocessing.get_context("fork").Pool(2) as pool:\n'
+            '        result = pool.map_async(work, range(2))\n'
+            '        time.sleep(1)\n'
+            '        os.killpg(0, signal.SIGINT)\n'
+            '        result.get()\n'
+            'common.run_main(main)\n')
+    result = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            start_new_session=True)  # its own process group, which killpg(0) signals
+    assert result.returncode == 130
+    assert result.stderr == 'interrupted: no output written, temporary files removed\n'

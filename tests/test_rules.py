@@ -45,6 +45,13 @@ def config(tmp_path):
     ({'optim': 'adam8'}, "unknown optim 'adam8'"),
     ({'hellaswag_examples': -1}, 'hellaswag_examples must be at least 1, or 0 for all; got -1'),
     ({'gpu_headroom_gb': -0.5}, 'gpu_headroom_gb=-0.5 must be 0 or more'),
+    ({'learning_rate': -1}, 'learning_rate must be positive, got -1'),
+    ({'beta2': 1.5}, 'beta2 is a moment'),
+    ({'weight_decay': -1}, 'weight_decay must be 0 or more'),
+    ({'warmup_iters': -1}, 'warmup_iters must be 0 or more, got -1'),
+    ({'min_lr': -1.0}, 'min_lr must be 0 or more, got -1.0'),
+    ({'learning_rate': 1e-5}, 'min_lr=6e-05 is above learning_rate=1e-05: the decay would raise the rate after '
+                              'warmup; use --min_lr=1e-06 (learning_rate/10) or --decay_lr=False'),
 ])
 def test_check_config_names_the_key(config, overrides, message):
     with pytest.raises(ConfigError) as e:
@@ -57,6 +64,17 @@ def test_check_config_accepts_the_defaults_and_splits_accumulation_over_processe
     rules.check_config({**config, 'gradient_accumulation_steps': 4}, 4, 'cpu')
     with pytest.raises(ConfigError, match='gradient_accumulation_steps=4 is not divisible by the 3 processes'):
         rules.check_config({**config, 'gradient_accumulation_steps': 4}, 3, 'cpu')
+
+
+def test_optimizer_in_backward_under_torchrun_says_one_process_not_divisibility(config):
+    """With 2 processes, the accumulation of 1 does not divide over them, but one process is the fix that explains."""
+    in_backward = {**config, 'optimizer_in_backward': True, 'grad_clip': 0.0, 'gradient_accumulation_steps': 1}
+    with pytest.raises(ConfigError, match='optimizer_in_backward=True conflicts with 2 processes'):
+        rules.check_config(in_backward, 2, 'cpu')
+
+
+def test_finetuning_at_a_constant_rate_below_min_lr_is_accepted(config):
+    rules.check_config({**config, 'learning_rate': 3e-5, 'decay_lr': False}, 1, 'cpu')  # nanoGPT's finetune configs
 
 
 def test_model_args_for_scratch_resume_and_gpt2(config):
@@ -123,7 +141,12 @@ def test_check_dataset(config, tmp_path):
     with pytest.raises(ConfigError, match='val.bin is empty: prepare the dataset again'):
         rules.check_dataset(config)
     (tmp_path / 'tiny' / 'val.bin').write_bytes(bytes(20))  # 10 tokens, fewer than block_size + 1
-    with pytest.raises(ConfigError, match='block_size=16 needs at least 17 tokens'):
+    with pytest.raises(ConfigError, match=r'the val split, .*val.bin, has 10 tokens but block_size=16 needs at least '
+                                          r'17: use a smaller --block_size, or prepare a larger validation split '
+                                          r'\(prepare/openwebtext.py: a larger --test_size\)'):
+        rules.check_dataset(config)
+    (tmp_path / 'tiny' / 'train.bin').write_bytes(bytes(20))
+    with pytest.raises(ConfigError, match=r'the train split, .*train.bin, has 10 tokens .* a larger --max_tokens'):
         rules.check_dataset(config)
     rules.check_dataset({**config, 'block_size': 8})
 

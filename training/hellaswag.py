@@ -35,11 +35,13 @@ class HellaSwagError(ConfigError):
     """A data problem the user can fix; str(e) is the one-line message."""
 
 
-def cached_val_file(data_dir=DATA_DIR, url=DATA_URL):
-    """data_dir/hellaswag_val.jsonl, downloaded from `url` the first time (through a temporary file)."""
+def cached_val_file(data_dir=DATA_DIR, url=DATA_URL, offline_fix=None):
+    """data_dir/hellaswag_val.jsonl, downloaded from `url` the first time (through a temporary file). A failed
+    download's error ends with `offline_fix`, what the calling script accepts instead; by default, where to put a
+    copy of the file."""
     path = os.path.join(data_dir, os.path.basename(DATA_URL))
     if not os.path.exists(path):
-        download(url, path, fix='offline, pass --data_path=PATH to a copy of hellaswag_val.jsonl')
+        download(url, path, fix=offline_fix or f'offline, put a copy of {os.path.basename(path)} at {path}')
     return path
 
 
@@ -87,13 +89,33 @@ def read_examples(path, max_examples=0):
 def render(example, enc, block_size):
     """(context tokens, [tokens of each ending]). When context and ending exceed the model's block_size + 1 tokens
     (the last token is only a target), the context loses its oldest tokens, the same for every ending."""
-    ctx_tokens = enc.encode(example['ctx'])
-    ending_tokens = [enc.encode(' ' + ending) for ending in example['endings']]
+    return fit(*encode(example, enc), block_size)
+
+
+def encode(example, enc):
+    """(context tokens, [tokens of each ending]), whole."""
+    return enc.encode(example['ctx']), [enc.encode(' ' + ending) for ending in example['endings']]
+
+
+def fit(ctx_tokens, ending_tokens, block_size):
+    """render's cut: the context's newest tokens that fit before the longest ending in block_size + 1 tokens."""
     room = block_size + 1 - max(len(tokens) for tokens in ending_tokens)
     if room < 1:
         raise HellaSwagError(f"an ending of {block_size + 1 - room} tokens leaves no room for its context in the "
                              f"model's block_size of {block_size}")
     return ctx_tokens[-room:], ending_tokens
+
+
+def report_cut_contexts(examples, enc, block_size):
+    """Print, when render cuts any of `examples` to fit block_size, how many: a score on cut contexts is not
+    comparable with one on whole contexts (GPT-2's reference scores). Once a run, before the first evaluation."""
+    cut = 0
+    for example in examples:
+        ctx_tokens, ending_tokens = encode(example, enc)
+        cut += len(fit(ctx_tokens, ending_tokens, block_size)[0]) < len(ctx_tokens)
+    if cut:
+        print(f'hellaswag: {cut:,} of the {len(examples):,} examples are longer than block_size={block_size}: '
+              f'their contexts lose their oldest tokens, so the scores are not those of whole contexts')
 
 
 def make_batch(rendered, device):

@@ -49,8 +49,10 @@ def require(optim):
 
 
 def check_config(config, world_size):
-    """ConfigError, one line naming the key, the value and the fix, for an `optim` that cannot run here or an
-    optimizer_in_backward=True combined with what it cannot honour (see OptimizerInBackward)."""
+    """ConfigError, one line naming the key, the value and the fix, for an optimizer hyperparameter out of range, an
+    `optim` that cannot run here, or an optimizer_in_backward=True combined with what it cannot honour (see
+    OptimizerInBackward)."""
+    check_hyperparameters(config)
     require(config['optim'])
     if config['optim'] == 'muon':
         check_muon(config, world_size)
@@ -60,29 +62,52 @@ def check_config(config, world_size):
                 raise ConfigError(f"{key}={config[key]} sets a parameter group of optim='muon', not of "
                                   f"optim={config['optim']!r}: add --optim=muon, or drop --{key}")
     check_weight_dtype(config, world_size)
-    if not config['optimizer_in_backward']:
-        return
+    if config['optimizer_in_backward']:
+        check_in_backward(config, world_size)
+
+
+def check_hyperparameters(config):
+    """ConfigError for a learning rate, beta, weight decay or clipping norm that AdamW (or Muon) cannot use: torch's
+    optimizers refuse some with a traceback at the first step, and a negative weight_decay or grad_clip would train
+    silently in the wrong direction."""
+    if config['learning_rate'] <= 0:
+        raise ConfigError(f"learning_rate must be positive, got {config['learning_rate']}: e.g. "
+                          f"--learning_rate=6e-4")
+    for key, example in (('beta1', 0.9), ('beta2', 0.95)):
+        if not 0.0 <= config[key] < 1.0:
+            raise ConfigError(f"{key} is a moment's decay rate in [0, 1), got {config[key]}: e.g. --{key}={example}")
+    if config['weight_decay'] < 0:
+        raise ConfigError(f"weight_decay must be 0 or more, got {config['weight_decay']}: e.g. --weight_decay=0.1, "
+                          f"or 0 for none")
+    if config['grad_clip'] < 0:
+        raise ConfigError(f"grad_clip is a norm, 0 or more, got {config['grad_clip']}: e.g. --grad_clip=1.0, "
+                          f"or 0 for no clipping")
+
+
+def check_in_backward(config, world_size):
+    """ConfigError listing every key optimizer_in_backward=True conflicts with, and each fix, in one line: the
+    process count first, the one that explains the others under torchrun."""
+    conflicts = []
+    if world_size != 1:
+        conflicts.append(f'{world_size} processes (each would step before the gradients are averaged across them): '
+                         f'run one process, without torchrun')
     accumulation = config['gradient_accumulation_steps']
     if accumulation != 1:
-        raise ConfigError(f'optimizer_in_backward=True steps during each backward, so it cannot accumulate '
-                          f'gradient_accumulation_steps={accumulation} micro-batches: use '
-                          f'--gradient_accumulation_steps=1 (a larger --batch_size keeps the tokens per step) or '
-                          f'--optimizer_in_backward=False')
+        conflicts.append(f'gradient_accumulation_steps={accumulation} (it steps during each backward, so it cannot '
+                         f'accumulate micro-batches): use --gradient_accumulation_steps=1, a larger --batch_size '
+                         f'keeps the tokens per step')
     if config['grad_clip'] != 0.0:
-        raise ConfigError(f"optimizer_in_backward=True cannot clip by the global norm (grad_clip={config['grad_clip']}"
-                          f"): no norm exists until every gradient does; use --grad_clip=0.0 or "
-                          f"--optimizer_in_backward=False")
+        conflicts.append(f"grad_clip={config['grad_clip']} (no global norm exists until every gradient does): "
+                         f"use --grad_clip=0.0")
     if config['dtype'] == 'float16':
-        raise ConfigError("optimizer_in_backward=True with dtype='float16' would step before GradScaler unscales the "
-                          "gradients and skips overflowing steps: use --dtype=bfloat16 or float32, or "
-                          "--optimizer_in_backward=False")
-    if world_size != 1:
-        raise ConfigError(f'optimizer_in_backward=True runs in one process: with {world_size} processes each would '
-                          f'step before the gradients are averaged across them; use one process or '
-                          f'--optimizer_in_backward=False')
+        conflicts.append("dtype='float16' (it would step before GradScaler unscales the gradients and skips "
+                         "overflowing steps): use --dtype=bfloat16 or float32")
     if config.get('auto_batch_size'):
-        raise ConfigError('optimizer_in_backward=True with auto_batch_size=True: the batch search may pick '
-                          'gradient_accumulation_steps > 1; set --batch_size yourself or --auto_batch_size=False')
+        conflicts.append('auto_batch_size=True (the batch search may pick gradient_accumulation_steps > 1): set '
+                         '--batch_size yourself or --auto_batch_size=False')
+    if conflicts:
+        raise ConfigError(f"optimizer_in_backward=True conflicts with {'; and with '.join(conflicts)}; "
+                          f"or use --optimizer_in_backward=False")
 
 
 def check_muon(config, world_size):
@@ -91,10 +116,9 @@ def check_muon(config, world_size):
         raise ConfigError("optim='muon' orthogonalizes each whole weight matrix, which parallelism='fsdp' splits over "
                           "the processes: use --parallelism=zero1 (Muon's state is sharded there too) or ddp, or "
                           "another --optim with fsdp")
-    if config['learning_rate'] <= 0 or config['muon_learning_rate'] < 0:
-        raise ConfigError(f"optim='muon' schedules muon_learning_rate={config['muon_learning_rate']} in proportion to "
-                          f"learning_rate={config['learning_rate']}: give a positive --learning_rate and a "
-                          f"--muon_learning_rate of 0 or more (e.g. 0.02)")
+    if config['muon_learning_rate'] < 0:
+        raise ConfigError(f"muon_learning_rate must be 0 or more, got {config['muon_learning_rate']}: e.g. "
+                          f"--muon_learning_rate=0.02")
     if not 0.0 <= config['muon_momentum'] < 1.0:
         raise ConfigError(f"muon_momentum must be in [0, 1), got {config['muon_momentum']}: e.g. --muon_momentum=0.95")
     for key in MUON_ONLY_KEYS:

@@ -40,11 +40,8 @@ def check_config(config, world_size, device_type):
         raise ConfigError(f"hellaswag_examples must be at least 1, or 0 for all; got {config['hellaswag_examples']}")
     if not 0.0 <= config['dropout'] < 1.0:
         raise ConfigError(f"dropout is a probability in [0, 1), got {config['dropout']}: e.g. --dropout=0.1")
-    if config['lr_schedule'] not in CHOICES['lr_schedule']:
-        raise ConfigError(f"unknown lr_schedule {config['lr_schedule']!r}: use 'cosine' or 'wsd'")
-    if config['lr_schedule'] == 'wsd' and not 0.0 < config['cooldown_frac'] <= 1.0:
-        raise ConfigError(f"cooldown_frac must be in (0, 1], got {config['cooldown_frac']}: the fraction of "
-                          f"lr_decay_iters the lr decays over, e.g. --cooldown_frac=0.2")
+    optim.check_config(config, world_size)  # before the split over processes: optimizer_in_backward's explains it
+    check_schedule(config)
     if config['gradient_accumulation_steps'] % world_size != 0:
         raise ConfigError(f"gradient_accumulation_steps={config['gradient_accumulation_steps']} is not divisible by "
                           f"the {world_size} processes (each runs an equal share): use a multiple of {world_size}")
@@ -66,7 +63,25 @@ def check_config(config, world_size, device_type):
     if init_from == 'scratch' and config['n_embd'] % config['n_head'] != 0:
         raise ConfigError(f"n_embd={config['n_embd']} must be divisible by n_head={config['n_head']}")
     check_architecture(config)
-    optim.check_config(config, world_size)
+
+
+def check_schedule(config):
+    """ConfigError for a learning rate schedule (lr_schedule, training.schedule) that would not warm up or decay."""
+    if config['lr_schedule'] not in CHOICES['lr_schedule']:
+        raise ConfigError(f"unknown lr_schedule {config['lr_schedule']!r}: use 'cosine' or 'wsd'")
+    if config['lr_schedule'] == 'wsd' and not 0.0 < config['cooldown_frac'] <= 1.0:
+        raise ConfigError(f"cooldown_frac must be in (0, 1], got {config['cooldown_frac']}: the fraction of "
+                          f"lr_decay_iters the lr decays over, e.g. --cooldown_frac=0.2")
+    if config['warmup_iters'] < 0:
+        raise ConfigError(f"warmup_iters must be 0 or more, got {config['warmup_iters']}: e.g. --warmup_iters=2000")
+    if not config['decay_lr']:
+        return  # a constant learning_rate: nanoGPT's finetuning configs leave min_lr above it
+    if config['min_lr'] < 0:
+        raise ConfigError(f"min_lr must be 0 or more, got {config['min_lr']}: e.g. --min_lr=6e-5 (learning_rate/10)")
+    if config['min_lr'] > config['learning_rate']:
+        raise ConfigError(f"min_lr={config['min_lr']} is above learning_rate={config['learning_rate']}: the decay "
+                          f"would raise the rate after warmup; use --min_lr={config['learning_rate'] / 10:g} "
+                          f"(learning_rate/10) or --decay_lr=False")
 
 
 def check_architecture(config):
@@ -105,8 +120,10 @@ def check_dataset(config):
         if split_tokens == 0:
             raise ConfigError(f'{split_path} is empty: prepare the dataset again ({prepare_hint(config)})')
         if split_tokens <= block_size:
-            raise ConfigError(f'block_size={block_size} needs at least {block_size + 1} tokens but {split_path} has '
-                              f'{split_tokens}: use a smaller --block_size')
+            more = ('a larger validation split (prepare/openwebtext.py: a larger --test_size)' if split == 'val' else
+                    'more text (prepare/openwebtext.py: a larger --max_tokens)')
+            raise ConfigError(f'the {split} split, {split_path}, has {split_tokens} tokens but block_size={block_size} '
+                              f'needs at least {block_size + 1}: use a smaller --block_size, or prepare {more}')
 
 
 def prepare_hint(config):
