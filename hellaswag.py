@@ -13,12 +13,13 @@ from contextlib import nullcontext
 import torch
 
 import configurator
-from prepare.common import get_encoding
+from model import GPT2_VOCAB_SIZE
 from training.checkpoint import LOAD_CHOICES, load_model
+from training.data import get_encoding
 from training.device import DTYPES, TORCH_DTYPES, check_device, default_device, default_dtype
 from training.errors import fail, install_handler
 from training.hf import pretrained_config
-from training.hellaswag import GPT2_VOCAB_SIZE, cached_val_file, evaluate, read_examples, report_cut_contexts
+from training.hellaswag import cached_val_file, evaluate, read_examples, report_cut_contexts
 
 install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
 

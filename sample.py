@@ -15,8 +15,8 @@ import torch
 
 import configurator
 from model import GPT2_VOCAB_SIZE
-from prepare.common import get_encoding
 from training.checkpoint import LOAD_CHOICES, load_model
+from training.data import get_encoding
 from training.device import DTYPES, TORCH_DTYPES, check_device, default_device, default_dtype
 from training.errors import fail, first_line, install_handler
 from training.meta import load_meta, trained_meta_path

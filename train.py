@@ -42,10 +42,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
 from model import GPTConfig, GPT
-from prepare.common import get_encoding
 from training import rules
 from training.checkpoint import (checkpoint_path, load_checkpoint, load_model_state, pretrained_model,
                                  restore_training_state, save_checkpoint)
+from training.data import get_encoding
 from training.device import TORCH_DTYPES, check_device, peak_flops
 from training.errors import fail, first_line, install_handler, on_error
 from training.hellaswag import cached_val_file, evaluate, read_examples, report_cut_contexts

@@ -1,16 +1,14 @@
-"""Shared by the prepare/ scripts: command-line options, input download, the train/val split, all-or-nothing
-writing of nanoGPT's train.bin/val.bin (uint16 token ids) and meta.pkl, and tiktoken encodings with clear errors."""
-import contextlib
+"""Shared by the prepare/ scripts: command-line options, the input text, the train/val split and all-or-nothing
+writing of nanoGPT's train.bin/val.bin (uint16 token ids) and meta.pkl. Downloads, atomic writes and tiktoken
+encodings are the library's (training/data.py), which the scripts use too."""
 import os
 import pickle
-import shutil
 import signal
 import sys
-import urllib.request
 
 import numpy as np
-import tiktoken
 
+from training.data import atomic_files, download, temporary_name
 from training.errors import ConfigError, fail, first_line, print_error
 from training.paths import check_writable_dir
 
@@ -99,19 +97,6 @@ def add_encoding_arg(parser):
                              'offline, set TIKTOKEN_CACHE_DIR to a folder holding its cached files')
 
 
-def download(url, path, fix='fetch the file another way and pass --input PATH'):
-    """Fetch `url` into `path` through a temporary file, so a failed download leaves nothing behind.
-    `fix` ends the error message: what the user can do instead."""
-    print(f'downloading {url} to {path}')
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response:
-            os.makedirs(os.path.dirname(path), exist_ok=True)  # once the server answers: offline, nothing is created
-            with atomic_files(path) as (tmp,), open(tmp, 'wb') as f:
-                shutil.copyfileobj(response, f)
-    except (OSError, ValueError) as e:  # URLError, HTTPError and timeouts are OSErrors; a malformed URL is a ValueError
-        raise PrepareError(f'could not download {url} ({first_line(e)}); {fix}') from None
-
-
 def read_text(input_path, url, out_dir):
     """The text of `input_path`, or of out_dir/input.txt, which is downloaded from `url` when absent (as nanoGPT).
     Checks first that out_dir can be written, where the outputs will go."""
@@ -142,40 +127,6 @@ def check_fits_uint16(vocab_size, what):
     if vocab_size > UINT16_IDS:
         raise PrepareError(f'{what} has {vocab_size:,} tokens but train.bin/val.bin store uint16 ids '
                            f'(at most {UINT16_IDS:,}); use a smaller vocabulary')
-
-
-def get_encoding(name):
-    """tiktoken.get_encoding(name), with one-line errors for an unknown name and for files that cannot be fetched."""
-    names = tiktoken.list_encoding_names()
-    if name not in names:
-        raise PrepareError(f'--encoding {name!r} is not a tiktoken encoding; choose one of: {", ".join(names)}')
-    try:
-        return tiktoken.get_encoding(name)
-    except Exception as e:  # tiktoken downloads its BPE files on first use; whatever fails there, the fix is the cache
-        raise PrepareError(f'could not load the tiktoken {name!r} files ({first_line(e)}); offline, set '
-                           f'TIKTOKEN_CACHE_DIR to a folder holding tiktoken\'s cached {name} files') from None
-
-
-def temporary_name(path):
-    return f'{path}.tmp'
-
-
-@contextlib.contextmanager
-def atomic_files(*paths):
-    """Yield temporary names next to `paths`; they replace `paths` only if the block succeeds, else they are removed.
-
-    Same directory, so os.replace is a rename: readers see the old files or the complete new ones, never a half.
-    """
-    tmps = [temporary_name(path) for path in paths]
-    try:
-        yield tmps
-    except BaseException:
-        for tmp in tmps:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(tmp)
-        raise
-    for tmp, path in zip(tmps, paths):
-        os.replace(tmp, path)
 
 
 def write_splits(out_dir, splits, meta=None):

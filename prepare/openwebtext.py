@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # runnable from any directory
 from prepare import common
+from training.data import atomic_files, get_encoding
 
 # nanoGPT loads 'openwebtext', a script dataset, which datasets>=4 refuses to run; this is the same corpus as parquet
 DEFAULT_DATASET = 'Skylion007/openwebtext'
@@ -159,7 +160,7 @@ def prepare(splits, out_dir, enc, text_column='text', num_proc=1):
                            remove_columns=columns, desc='tokenizing the splits', num_proc=num_proc)
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, f'{split}.bin') for split in tokenized]
-    with common.atomic_files(*paths) as tmps:
+    with atomic_files(*paths) as tmps:
         counts = {split: write_tokens(tokenized[split], tmp, f'writing {split}.bin')
                   for split, tmp in zip(tokenized, tmps)}
     for split, count in counts.items():
@@ -222,7 +223,7 @@ def prepare_stream(stream, out_dir, enc, max_tokens, text_column='text', test_si
         raise common.PrepareError(f'{what} has no documents; pass a dataset or --data_files that hold some')
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, f'{split}.bin') for split in ('train', 'val')]
-    with common.atomic_files(*paths) as tmps, open(tmps[0], 'wb') as train_file, open(tmps[1], 'wb') as val_file:
+    with atomic_files(*paths) as tmps, open(tmps[0], 'wb') as train_file, open(tmps[1], 'wb') as val_file:
         train, val = TokenWriter(train_file), TokenWriter(val_file)
         documents = (ids + [enc.eot_token] for texts in itertools.chain([first], batches)
                      for ids in enc.encode_ordinary_batch(texts, num_threads=num_proc))
@@ -281,7 +282,7 @@ def main(argv=None):
         check_max_tokens(args.max_tokens)  # before the encoding and the stream, which may reach the network
     common.check_writable_dir(args.out_dir)
     common.remove_stale_temporaries(args.out_dir)  # before the download or the stream: they may need that room
-    enc = common.get_encoding(args.encoding)
+    enc = get_encoding(args.encoding)
     test_size = args.test_size
     if test_size is None:
         test_size = default_test_size(args.max_tokens)

@@ -6,6 +6,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # runnable from any directory
 from prepare import common
+from training.data import get_encoding
 
 
 def prepare(text, out_dir, enc):
@@ -25,7 +26,7 @@ def main(argv=None):
     common.add_text_args(parser, 'shakespeare')
     common.add_encoding_arg(parser)
     args = parser.parse_args(argv)
-    enc = common.get_encoding(args.encoding)
+    enc = get_encoding(args.encoding)
     prepare(common.read_text(args.input, args.url, args.out_dir), args.out_dir, enc)
 
 

@@ -17,6 +17,7 @@ import tiktoken
 
 from helpers import EOT, ROOT, gpt2_cached, tiny_encoding
 from prepare import common, openwebtext, shakespeare, shakespeare_char  # noqa: E402
+from training import data  # noqa: E402
 from training.meta import load_meta
 
 CORPUS = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
@@ -108,12 +109,12 @@ def test_atomic_files_replace_all_or_nothing(tmp_path):
     for path in paths:
         path.write_bytes(b'old')
     with pytest.raises(RuntimeError):
-        with common.atomic_files(*paths) as tmps:
+        with data.atomic_files(*paths) as tmps:
             Path(tmps[0]).write_bytes(b'new')
             raise RuntimeError('interrupted after the first file')
     assert sorted(p.name for p in tmp_path.iterdir()) == ['train.bin', 'val.bin']
     assert all(path.read_bytes() == b'old' for path in paths)
-    with common.atomic_files(*paths) as tmps:
+    with data.atomic_files(*paths) as tmps:
         for tmp in tmps:
             Path(tmp).write_bytes(b'new')
     assert sorted(p.name for p in tmp_path.iterdir()) == ['train.bin', 'val.bin']
@@ -146,13 +147,13 @@ def test_vocabulary_too_large_for_uint16_writes_nothing(tmp_path):
 
 def test_encoding_errors_are_one_line(monkeypatch):
     with pytest.raises(common.PrepareError, match="'gpt3' is not a tiktoken encoding; choose one of: .*gpt2"):
-        common.get_encoding('gpt3')
+        data.get_encoding('gpt3')
 
     def offline(name):
         raise ConnectionError('Failed to resolve openaipublic.blob.core.windows.net\nsecond line')
     monkeypatch.setattr(tiktoken, 'get_encoding', offline)
     with pytest.raises(common.PrepareError) as info:
-        common.get_encoding('gpt2')
+        data.get_encoding('gpt2')
     assert 'TIKTOKEN_CACHE_DIR' in str(info.value) and '\n' not in str(info.value)
 
 
@@ -374,7 +375,7 @@ def test_openwebtext_script_rejects_a_budget_of_zero(tmp_path):
 
 @pytest.mark.skipif(not gpt2_cached(), reason="tiktoken's gpt2 files are not cached (set TIKTOKEN_CACHE_DIR)")
 def test_gpt2_encoding(tmp_path):
-    enc = common.get_encoding('gpt2')
+    enc = data.get_encoding('gpt2')
     assert enc.encode_ordinary('hello world') == [31373, 995] and enc.eot_token == EOT
     shakespeare.prepare(CORPUS, tmp_path, enc)
     ids = np.concatenate([read_bin(tmp_path / 'train.bin'), read_bin(tmp_path / 'val.bin')])

@@ -42,8 +42,8 @@ CUDA_ONLY = ('--find_batch_size=True',)  # tries micro-batches until the GPU run
 # Stand-ins, in every process: GPT-2's BPE is a tiny byte-level BPE, and OpenAI's weights are random GPT-2s of a tiny
 # shape, built by transformers from its config, as GPT2LMHeadModel.from_pretrained would load them.
 STAND_INS = """
-import helpers, model, prepare.common, transformers
-prepare.common.get_encoding = lambda name: helpers.tiny_encoding(vocab_size=50257)
+import helpers, model, training.data, transformers
+training.data.get_encoding = lambda name: helpers.tiny_encoding(vocab_size=50257)
 tiny = dict(n_layer=2, n_head=2, n_embd=32)
 model.GPT.PRETRAINED_ARGS.update({name: tiny for name in model.GPT.PRETRAINED_ARGS})
 transformers.GPT2LMHeadModel.from_pretrained = staticmethod(

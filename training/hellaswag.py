@@ -22,13 +22,12 @@ from contextlib import nullcontext
 import torch
 from tqdm import tqdm
 
-from prepare.common import download
+from training.data import download
 from training.errors import ConfigError
 
 DATA_URL = 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl'
 DATA_DIR = os.path.join('data', 'hellaswag')  # relative to the current directory, as every data path
 NUM_ENDINGS = 4
-GPT2_VOCAB_SIZE = 50257  # the examples are tokenized with GPT-2's BPE
 
 
 class HellaSwagError(ConfigError):

@@ -8,9 +8,8 @@ from dataclasses import fields
 
 import torch
 
-from model import GPT, GPTConfig, HF_TRANSPOSED
+from model import GPT, GPT2_VOCAB_SIZE, GPTConfig, HF_TRANSPOSED
 from training.errors import ConfigError, first_line
-from training.hellaswag import GPT2_VOCAB_SIZE
 from training.meta import load_meta
 
 # model_args keys that GPT2Config expresses at any value; any other key exports only at GPTConfig's default

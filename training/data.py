@@ -1,0 +1,57 @@
+"""The data's files, for the prepare scripts and the library alike: downloads, all-or-nothing writes, and tiktoken
+encodings, each with one-line errors."""
+import contextlib
+import os
+import shutil
+import urllib.request
+
+import tiktoken
+
+from training.errors import ConfigError, first_line
+
+
+def download(url, path, fix='fetch the file another way and pass --input PATH'):
+    """Fetch `url` into `path` through a temporary file, so a failed download leaves nothing behind.
+    `fix` ends the error message: what the user can do instead."""
+    print(f'downloading {url} to {path}')
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            os.makedirs(os.path.dirname(path), exist_ok=True)  # once the server answers: offline, nothing is created
+            with atomic_files(path) as (tmp,), open(tmp, 'wb') as f:
+                shutil.copyfileobj(response, f)
+    except (OSError, ValueError) as e:  # URLError, HTTPError and timeouts are OSErrors; a malformed URL is a ValueError
+        raise ConfigError(f'could not download {url} ({first_line(e)}); {fix}') from None
+
+
+def temporary_name(path):
+    return f'{path}.tmp'
+
+
+@contextlib.contextmanager
+def atomic_files(*paths):
+    """Yield temporary names next to `paths`; they replace `paths` only if the block succeeds, else they are removed.
+
+    Same directory, so os.replace is a rename: readers see the old files or the complete new ones, never a half.
+    """
+    tmps = [temporary_name(path) for path in paths]
+    try:
+        yield tmps
+    except BaseException:
+        for tmp in tmps:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+        raise
+    for tmp, path in zip(tmps, paths):
+        os.replace(tmp, path)
+
+
+def get_encoding(name):
+    """tiktoken.get_encoding(name), with one-line errors for an unknown name and for files that cannot be fetched."""
+    names = tiktoken.list_encoding_names()
+    if name not in names:
+        raise ConfigError(f'--encoding {name!r} is not a tiktoken encoding; choose one of: {", ".join(names)}')
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception as e:  # tiktoken downloads its BPE files on first use; whatever fails there, the fix is the cache
+        raise ConfigError(f'could not load the tiktoken {name!r} files ({first_line(e)}); offline, set '
+                           f'TIKTOKEN_CACHE_DIR to a folder holding tiktoken\'s cached {name} files') from None
