@@ -18,6 +18,7 @@ import tiktoken
 from helpers import EOT, ROOT, gpt2_cached, tiny_encoding
 from prepare import common, openwebtext, shakespeare, shakespeare_char  # noqa: E402
 from training import data  # noqa: E402
+from training.errors import ConfigError  # noqa: E402
 from training.meta import load_meta
 
 CORPUS = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
@@ -96,9 +97,9 @@ def test_failed_download_is_one_line_and_writes_nothing(tmp_path):
 def test_failed_download_keeps_existing_outputs(tmp_path, monkeypatch):
     def unreachable(url, timeout):
         raise OSError('network is unreachable')
-    monkeypatch.setattr(common.urllib.request, 'urlopen', unreachable)
+    monkeypatch.setattr(data.urllib.request, 'urlopen', unreachable)
     (tmp_path / 'train.bin').write_bytes(b'old')
-    with pytest.raises(common.PrepareError, match='--input PATH'):
+    with pytest.raises(ConfigError, match='--input PATH'):
         shakespeare_char.main(['--out_dir', str(tmp_path)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ['train.bin']
     assert (tmp_path / 'train.bin').read_bytes() == b'old'
@@ -146,13 +147,13 @@ def test_vocabulary_too_large_for_uint16_writes_nothing(tmp_path):
 
 
 def test_encoding_errors_are_one_line(monkeypatch):
-    with pytest.raises(common.PrepareError, match="'gpt3' is not a tiktoken encoding; choose one of: .*gpt2"):
+    with pytest.raises(ConfigError, match="'gpt3' is not a tiktoken encoding; choose one of: .*gpt2"):
         data.get_encoding('gpt3')
 
     def offline(name):
         raise ConnectionError('Failed to resolve openaipublic.blob.core.windows.net\nsecond line')
     monkeypatch.setattr(tiktoken, 'get_encoding', offline)
-    with pytest.raises(common.PrepareError) as info:
+    with pytest.raises(ConfigError) as info:
         data.get_encoding('gpt2')
     assert 'TIKTOKEN_CACHE_DIR' in str(info.value) and '\n' not in str(info.value)
 

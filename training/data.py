@@ -49,7 +49,7 @@ def get_encoding(name):
     """tiktoken.get_encoding(name), with one-line errors for an unknown name and for files that cannot be fetched."""
     names = tiktoken.list_encoding_names()
     if name not in names:
-        raise ConfigError(f'--encoding {name!r} is not a tiktoken encoding; choose one of: {", ".join(names)}')
+        raise ConfigError(f'{name!r} is not a tiktoken encoding; choose one of: {", ".join(names)}')
     try:
         return tiktoken.get_encoding(name)
     except Exception as e:  # tiktoken downloads its BPE files on first use; whatever fails there, the fix is the cache
