@@ -23,6 +23,25 @@ TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
 DEFAULTS_BEGIN = '# --- config defaults ---'
 DEFAULTS_END = '# --- end config defaults ---'
 CONFIG_TYPES = (int, float, bool, str, type(None))
+# nanoGPT's train.py leaves these keys without a comment, or with one that describes no key (wandb_run_name's);
+# train.py keeps those lines as nanoGPT wrote them, so that its diff stays readable, and --help takes these
+NANOGPT_KEY_DESCRIPTIONS = {
+    'out_dir': "ckpt.pt is written here, and read from here with init_from='resume'",
+    'eval_interval': 'evaluate the train and val loss (and save a checkpoint) every this many iterations',
+    'log_interval': 'print the loss every this many iterations',
+    'eval_iters': "micro-batches averaged for each split's loss at an evaluation",
+    'wandb_log': 'log losses, learning rates, speed and memory to Weights & Biases (docs/wandb.md; pip install wandb)',
+    'wandb_project': 'the wandb project the run is logged to',
+    'wandb_run_name': "the run's name in wandb",
+    'dataset': 'the directory under data_dir, prepared by prepare/<dataset>.py',
+    'block_size': 'context length in tokens: each sample is this many tokens',
+    'n_layer': 'transformer blocks',
+    'n_head': 'attention heads per block; n_embd must be divisible by it',
+    'n_embd': 'width of the residual stream',
+    'weight_decay': 'on the 2-D parameters (matrices, embeddings); biases and LayerNorms get none',
+    'beta1': "AdamW's first-moment decay",
+    'beta2': "AdamW's second-moment decay",
+}
 
 
 def train_defaults():
@@ -55,9 +74,12 @@ def key_comments(source):
 
 
 def script_comments(path):
-    """key_comments of the Python file at `path`."""
+    """key_comments of the Python file at `path`; for train.py, with NANOGPT_KEY_DESCRIPTIONS."""
     with open(path, encoding='utf-8') as f:
-        return key_comments(f.read())
+        comments = key_comments(f.read())
+    if os.path.abspath(path) == TRAIN_PY:
+        comments.update(NANOGPT_KEY_DESCRIPTIONS)
+    return comments
 
 
 def closest_keys(key, keys):

@@ -65,31 +65,31 @@ if int(os.environ.get('RANK', 0)) != 0:
 from training.device import default_device, default_dtype
 # default config values designed to train a gpt2 (124M) on OpenWebText
 # I/O
-out_dir = 'out' # ckpt.pt is written here, and read from here with init_from='resume'
-eval_interval = 2000 # evaluate the train and val loss (and save a checkpoint) every this many iterations
-log_interval = 1 # print the loss every this many iterations
-eval_iters = 200 # micro-batches averaged for each split's loss at an evaluation
+out_dir = 'out'
+eval_interval = 2000
+log_interval = 1
+eval_iters = 200
 eval_only = False # if True, script exits right after the first eval
 always_save_checkpoint = True # if True, always save a checkpoint after each eval
-init_from = 'scratch' # 'scratch' or 'resume' or 'gpt2*' or a Hugging Face GPT-2 folder (docs/export.md)
+init_from = 'scratch' # 'scratch' or 'resume' or 'gpt2*'
 seed = 1337 # initial weights from seed, rank r's dropout from seed + r; batches from (seed, iteration, micro-step)
 # wandb logging
-wandb_log = False # log losses, learning rates, speed and memory to Weights & Biases (docs/wandb.md; pip install wandb)
-wandb_project = 'owt' # the wandb project the run is logged to
-wandb_run_name = 'gpt2' # the run's name in wandb
+wandb_log = False # disabled by default
+wandb_project = 'owt'
+wandb_run_name = 'gpt2' # 'run' + str(time.time())
 # data
 data_dir = 'data' # the dataset is read from data_dir/dataset/: train.bin, val.bin, optional meta.pkl
-dataset = 'openwebtext' # the directory under data_dir, prepared by prepare/<dataset>.py
+dataset = 'openwebtext'
 gradient_accumulation_steps = 5 * 8 # used to simulate larger batch sizes
 batch_size = 12 # if gradient_accumulation_steps > 1, this is the micro-batch size
-block_size = 1024 # context length in tokens: each sample is this many tokens
+block_size = 1024
 eval_batch_size = 0 # estimate_loss's micro-batch (same windows, same loss), 0 = batch_size; no backward: larger fits
 hellaswag = False # also score HellaSwag at each evaluation (GPT-2 tokens; its data: data_dir/hellaswag/)
 hellaswag_examples = 0 # with hellaswag: the first N validation examples, 0 = all 10,042
 # model
-n_layer = 12 # transformer blocks
-n_head = 12 # attention heads per block; n_embd must be divisible by it
-n_embd = 768 # width of the residual stream
+n_layer = 12
+n_head = 12
+n_embd = 768
 dropout = 0.0 # for pretraining 0 is good, for finetuning try 0.1+
 bias = False # do we use bias inside LayerNorm and Linear layers?
 # modern architecture (modded-nanogpt's; docs/modern_recipe.md): GPT-2's by default, recorded in model_args when changed
@@ -107,9 +107,9 @@ gpu_headroom_gb = 0.5 # GiB of the card the estimate leaves to other programs (a
 # adamw optimizer
 learning_rate = 6e-4 # max learning rate
 max_iters = 600000 # total number of training iterations
-weight_decay = 1e-1 # on the 2-D parameters (matrices, embeddings); biases and LayerNorms get none
-beta1 = 0.9 # AdamW's first-moment decay
-beta2 = 0.95 # AdamW's second-moment decay
+weight_decay = 1e-1
+beta1 = 0.9
+beta2 = 0.95
 grad_clip = 1.0 # clip gradients at this value, or disable if == 0.0
 optim = 'adamw' # 'adamw' (fp32 moments), 'adamw_bf16', 'adamw_8bit' (torchao's 8-bit moments) or 'muon'
 muon_learning_rate = 0.02 # optim='muon': max lr of the blocks' matrices (Keller Jordan's Muon; nanochat's matrix_lr)
@@ -284,7 +284,8 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 optimizer = build_optimizer(model, config, device_type)
 if ddp and parallelism == 'zero1':
     optimizer = shard_optimizer_state(optimizer) # each rank keeps and steps the AdamW state of its share
-if init_from == 'resume': # the optimizer's and GradScaler's state, and each rank's RNG, for an exact resume
+if init_from == 'resume':
+    # the optimizer's state, the GradScaler's and each rank's RNG: what an exact resume needs beyond the weights
     restore_training_state(checkpoint, optimizer, scaler, config, ddp_rank, ddp_world_size, device)
 checkpoint = None # free up memory
 
@@ -403,20 +404,19 @@ while True:
             if not math.isfinite(value):
                 fail_not_finite(f'the {split} loss', value)
         scores = hellaswag_scores() if hellaswag else {}
-        if master_process:
-            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-            if scores: # a line of its own: scripts parse the step line as nanoGPT prints it
-                print(f"hellaswag {iter_num}: acc {scores['acc']:.4f}, acc_norm {scores['acc_norm']:.4f} "
-                      f"({scores['n']} examples)")
-            if wandb_log:
-                wandb.log({
-                    "iter": iter_num,
-                    "train/loss": losses['train'],
-                    "val/loss": losses['val'],
-                    "lr": lr,
-                    **({"mfu": running_mfu*100} if running_mfu >= 0 else {}), # convert to percentage
-                    **{f"hellaswag/{name}": scores[name] for name in ('acc', 'acc_norm') if scores},
-                }, step=iter_num) # wandb's step is the iteration: this and the iteration's own log make one row
+        print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        if scores: # a line of its own: scripts parse the step line as nanoGPT prints it
+            print(f"hellaswag {iter_num}: acc {scores['acc']:.4f}, acc_norm {scores['acc_norm']:.4f} "
+                  f"({scores['n']} examples)")
+        if wandb_log and master_process:
+            wandb.log({
+                "iter": iter_num,
+                "train/loss": losses['train'],
+                "val/loss": losses['val'],
+                "lr": lr,
+                **({"mfu": running_mfu*100} if running_mfu >= 0 else {}), # convert to percentage
+                **{f"hellaswag/{name}": scores[name] for name in ('acc', 'acc_norm') if scores},
+            }, step=iter_num) # wandb's step is the iteration: this and the iteration's own log make one row
         if (losses['val'] < best_val_loss or always_save_checkpoint) and not eval_only:
             best_val_loss = losses['val']
             if iter_num > 0:
@@ -442,7 +442,8 @@ while True:
     # and using the GradScaler if data type is float16
     loss_sum = torch.zeros((), device=device) # the step's mean micro-batch loss, kept on the device: no sync
     for micro_step in range(gradient_accumulation_steps):
-        if ddp: # sync gradients at the last micro step only
+        if ddp:
+            # in DDP training we only need to sync gradients at the last micro step.
             set_gradient_sync(raw_model if parallelism == 'fsdp' else model, parallelism,
                               micro_step == gradient_accumulation_steps - 1)
         with ctx:
@@ -471,7 +472,8 @@ while True:
     if iter_num % log_interval == 0:
         if ddp:
             dist.all_reduce(loss_sum) # every rank's share, so the logged loss covers the whole batch
-        lossf = loss_sum.item() / ddp_world_size # a CPU-GPU sync point
+        # get loss as float. note: this is a CPU-GPU sync point
+        lossf = loss_sum.item() / ddp_world_size
         if not math.isfinite(lossf):
             fail_not_finite('the training loss', lossf)
         if local_iter_num >= 5 and device_peak is not None: # let the training loop settle a bit
