@@ -425,7 +425,7 @@ class GPT(nn.Module):
 
 # Elements of the one buffer that holds a chunk's logits (chunk rows x vocab): 19 * 2**20 elements, 76 MiB in fp32,
 # 384 rows of GPT-2's 50304-token vocabulary, whatever the batch. Smaller chunks run the matmuls less efficiently,
-# larger ones cost memory without speed (README: the loss path). Small vocabularies get one chunk.
+# larger ones cost memory without speed (docs/loss.md). Small vocabularies get one chunk.
 CHUNK_ELEMENTS = 19 * 2 ** 20
 LOG2E, LN2 = 1 / math.log(2), math.log(2)  # exp(x) = exp2(x * LOG2E), log(x) = log2(x) * LN2
 VOCAB_BLOCK = 8192  # rows of the weight gradient a low-precision product covers at once (12 MiB in bf16 at d=768)

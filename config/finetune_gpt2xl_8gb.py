@@ -5,8 +5,8 @@
 # $ python estimate_memory.py config/finetune_gpt2xl_8gb.py --gpu_memory_gb=8
 # $ python train.py config/finetune_gpt2xl_8gb.py
 # bf16 weights (no fp32 copy, updates rounded stochastically), torchao's 8-bit moments, no gradients of the whole model
-# at once, each block recomputed in backward: close to the card's memory (README: the largest GPT-2 per card), so
-# close the desktop's other GPU users first. bf16 needs an Ampere or later GPU.
+# at once, each block recomputed in backward: close to the card's memory (docs/memory.md: the largest GPT-2 per
+# card), so close the desktop's other GPU users first. bf16 needs an Ampere or later GPU.
 import time
 
 out_dir = 'out-shakespeare-xl'

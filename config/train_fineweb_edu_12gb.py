@@ -27,7 +27,7 @@ min_lr = 6e-5
 weight_decay = 1e-1
 
 # every 1000 steps (~0.5B tokens): val loss on 50 * 16 windows, and HellaSwag's 10,042 examples (downloaded once to
-# data/hellaswag/); OpenAI's GPT-2 124M scores acc_norm 0.2955 there (README: HellaSwag)
+# data/hellaswag/); OpenAI's GPT-2 124M scores acc_norm 0.2955 there (docs/hellaswag.md)
 eval_interval = 1000
 eval_iters = 50
 eval_batch_size = 16

@@ -36,7 +36,7 @@ eval_interval = 1000
 log_interval = 10
 weight_decay = 1e-1
 
-# Muon (README: Muon): --optim=muon steps the blocks' matrices (85M of the 124M parameters) with torch's Muon, one
+# Muon (docs/optimizers.md): --optim=muon steps the blocks' matrices (85M of the 124M parameters) with torch's Muon, one
 # fp32 buffer each instead of AdamW's two (estimate_memory.py --optim=muon shows the saving), at
 # muon_learning_rate=0.02, and the rest with AdamW as above. The speedrun reports reaching a given loss in markedly
 # fewer tokens with it, so a shorter --max_iters may do.

@@ -1,5 +1,5 @@
-"""Every command in README.md's fenced blocks runs as written, in the README's order, in one copy of the repository, as
-a reader would run them: with tiny-model overrides appended where it would train for long, local data written here,
+"""Every command in the ```sh blocks of README.md, then of docs/*.md, runs as written, in the pages' order, in one copy
+of the repository, as a reader would run them: with tiny-model overrides appended where it would train for long, local data written here,
 and the downloads (Tiny Shakespeare, GPT-2's BPE and weights, HellaSwag) replaced by local stand-ins, since no test
 can reach the network."""
 import json
@@ -52,8 +52,8 @@ transformers.GPT2LMHeadModel.from_pretrained = staticmethod(
 
 
 def readme_commands():
-    """The commands of README.md's ```sh blocks, a line each, comments dropped."""
-    text = (ROOT / 'README.md').read_text()
+    """The commands of the ```sh blocks of README.md and docs/*.md, a line each, comments dropped."""
+    text = ''.join(page.read_text() for page in [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))])
     lines = [line for block in re.findall(r'```sh\n(.*?)```', text, re.S) for line in block.splitlines()]
     return [line.split('  #')[0].strip() for line in lines if line.strip() and not line.startswith('#')]
 

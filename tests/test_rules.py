@@ -36,7 +36,7 @@ def config(tmp_path):
     ({'n_layer': -1}, 'n_layer must be at least 1, got -1'),
     ({'dropout': 2.0}, 'dropout is a probability in [0, 1), got 2.0'),
     ({'n_embd': 30, 'n_head': 4}, 'n_embd=30 must be divisible by n_head=4'),
-    ({'parallelism': 'zero3'}, "unknown parallelism 'zero3': use one of ddp, zero1, fsdp (README: Several GPUs)"),
+    ({'parallelism': 'zero3'}, "unknown parallelism 'zero3': use one of ddp, zero1, fsdp (docs/parallel.md)"),
     ({'fsdp_mixed_precision': True}, "applies to parallelism='fsdp'"),
     ({'timeout': 0}, 'timeout=0 must be positive'),
     ({'backend': 'nccl'}, "backend='nccl' needs CUDA"),

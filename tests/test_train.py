@@ -318,8 +318,8 @@ BAD_INPUTS = {  # name: (extra arguments, extra environment, what the one-line e
     'world size': (['--gradient_accumulation_steps=3'], {'RANK': '0', 'LOCAL_RANK': '0', 'WORLD_SIZE': '2'},
                    'gradient_accumulation_steps=3'),
     'unknown dtype': (['--dtype=float8'], {}, "dtype 'float8'"),
-    'unknown parallelism': (['--parallelism=zero3'], {}, "parallelism 'zero3': use one of ddp, zero1, fsdp (README: "
-                                                         "Several GPUs)"),
+    'unknown parallelism': (['--parallelism=zero3'], {}, "parallelism 'zero3': use one of ddp, zero1, fsdp "
+                                                         "(docs/parallel.md)"),
     'fsdp_mixed_precision outside fsdp': (['--fsdp_mixed_precision=True'], {}, "applies to parallelism='fsdp'"),
     'absent cuda': (['--device=cuda'], {}, 'CUDA is not available'),
     'unknown key': (['--learning_rat=1'], {}, '--learning_rate'),

@@ -27,7 +27,8 @@ def default_dtype(device):
 
 # Dense tensor-core peak of bf16 matmuls with fp32 accumulation (fp16 on cards without bf16), in TFLOPS, by a
 # substring of torch.cuda.get_device_name(); more specific names first ('RTX 3060 Ti' before 'RTX 3060'). Sources
-# are listed in the README (Memory: MFU); GeForce cards accumulate in fp32 at half their fp16-accumulate rate.
+# are listed in the README (Differences from nanoGPT, MFU); GeForce cards accumulate in fp32 at half their
+# fp16-accumulate rate.
 PEAK_TFLOPS = (
     ('RTX 3060 Ti', 32.4), ('RTX 3060', 25.5), ('RTX 3070', 40.6), ('RTX 3080 Ti', 68.2), ('RTX 3080', 59.5),
     ('RTX 3090 Ti', 80.0), ('RTX 3090', 71.2), ('RTX 4060 Ti', 44.1), ('RTX 4060', 30.2),

@@ -2,8 +2,8 @@
 with one-line errors, and the scoring of a GPT on it.
 
 Each example is a context `ctx` and 4 `endings`, `label` the right one. Scored as Karpathy's llm.c and build-nanogpt
-do (dev/data/hellaswag.py, "completion style"), the source of the GPT-2 reference scores in README.md: the tokens of
-ctx followed by those of ' ' + ending (with the leading space GPT-2's BPE puts on a word), and the model's
+do (dev/data/hellaswag.py, "completion style"), the source of the GPT-2 reference scores in docs/hellaswag.md: the
+tokens of ctx followed by those of ' ' + ending (with the leading space GPT-2's BPE puts on a word), and the model's
 cross-entropy on each token of the ending given everything before it.
 - acc: the prediction is the ending with the lowest summed loss (the highest log-likelihood).
 - acc_norm: the prediction is the ending with the lowest mean loss per ending token.

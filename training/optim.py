@@ -1,6 +1,6 @@
 """
 The optimizers of train.py's `optim` key (adamw, adamw_bf16, adamw_8bit, muon), their updates on bf16 weights
-(`weight_dtype`), and the step fused into backward (`optimizer_in_backward`). README, Memory, says what each saves and
+(`weight_dtype`), and the step fused into backward (`optimizer_in_backward`). docs/memory.md says what each saves and
 costs. Every AdamW variant computes torch.optim.AdamW's update in fp32.
 """
 import contextlib

@@ -1,6 +1,6 @@
 """
 How train.py spreads a model over the processes that torchrun starts (the `parallelism` key, on PyTorch's own engine:
-README, Several GPUs, says what each mode costs and saves): sharding the model and the optimizer state, gradient
+docs/parallel.md says what each mode costs and saves): sharding the model and the optimizer state, gradient
 sync, the full-tensor checkpoint any mode and world size can resume, and what a process does when the others stop
 answering or its launcher dies.
 """

@@ -47,7 +47,7 @@ def check_config(config, world_size, device_type):
                           f"the {world_size} processes (each runs an equal share): use a multiple of {world_size}")
     if config['parallelism'] not in parallel.PARALLELISMS:
         raise ConfigError(f"unknown parallelism {config['parallelism']!r}: use one of "
-                          f"{', '.join(parallel.PARALLELISMS)} (README: Several GPUs)")
+                          f"{', '.join(parallel.PARALLELISMS)} (docs/parallel.md)")
     parallel.fsdp_param_dtype(config)  # raises for a fsdp_mixed_precision that cannot apply
     if config['timeout'] <= 0:
         raise ConfigError(f"timeout={config['timeout']} must be positive: the seconds a process waits for the others "

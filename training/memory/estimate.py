@@ -65,7 +65,7 @@ LADDER = (
     ('optimizer step in backward', {'optimizer_in_backward': True, 'grad_clip': 0.0},
      'no gradient clipping and no accumulation: a step is one micro-batch, fewer tokens than configured'),
     ('bf16 weights', {'weight_dtype': 'bfloat16', 'dtype': 'bfloat16'},
-     'weights and gradients in bf16, updates rounded stochastically (README: bench_optim.py gives its quality)'),
+     'weights and gradients in bf16, updates rounded stochastically (docs/optimizers.md: its cost in quality)'),
 )
 
 
