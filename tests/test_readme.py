@@ -1,6 +1,6 @@
 """Every command in the ```sh blocks of README.md, then of docs/*.md, runs as written, in the pages' order, in one copy
-of the repository, as a reader would run them: with tiny-model overrides appended where it would train for long, local data written here,
-and the downloads (Tiny Shakespeare, GPT-2's BPE and weights, HellaSwag) replaced by local stand-ins, since no test
+of the repository, as a reader would run them: with tiny-model overrides appended where it would train for long, local
+data written here, and the downloads (Tiny Shakespeare, GPT-2's BPE and weights, HellaSwag) replaced by local stand-ins, since no test
 can reach the network."""
 import json
 import os
@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import transformers
 
 from helpers import ROOT, TEXT, patched_env
 
@@ -35,9 +36,11 @@ APPENDED = {
                        '--warmup_iters=1'],
     'hellaswag.py': ['--device=cpu', '--dtype=float32', '--max_examples=3'],
     'estimate_memory.py': [],
+    'export_hf.py': [],
 }
-# installs need the network (the tests run in the environment they set up), and the tests cannot run themselves
-SKIPPED = ('pip ', 'python -m pytest ')
+# installs need the network (the tests run in the environment they set up), the tests cannot run themselves, and
+# lm-evaluation-harness is not a dependency
+SKIPPED = ('pip ', 'python -m pytest ', 'lm_eval ')
 CUDA_ONLY = ('--find_batch_size=True',)  # tries micro-batches until the GPU runs out of memory: refused on a CPU
 # Stand-ins, in every process: GPT-2's BPE is a tiny byte-level BPE, and OpenAI's weights are random GPT-2s of a tiny
 # shape, built by transformers from its config, as GPT2LMHeadModel.from_pretrained would load them.
@@ -47,7 +50,7 @@ training.data.get_encoding = lambda name: helpers.tiny_encoding(vocab_size=50257
 tiny = dict(n_layer=2, n_head=2, n_embd=32)
 model.GPT.PRETRAINED_ARGS.update({name: tiny for name in model.GPT.PRETRAINED_ARGS})
 transformers.GPT2LMHeadModel.from_pretrained = staticmethod(
-    lambda name: transformers.GPT2LMHeadModel(transformers.GPT2Config(**tiny)))
+    lambda name, **options: transformers.GPT2LMHeadModel(transformers.GPT2Config(**tiny)))
 """
 
 
@@ -88,6 +91,9 @@ def repository(tmp_path_factory):
     (copy / 'data' / 'hellaswag').mkdir()
     example = dict(ctx='The cat sat on the', endings=['mat.', 'moon', 'sofa', 'a'], label=0)
     (copy / 'data' / 'hellaswag' / 'hellaswag_val.jsonl').write_text(json.dumps(example) + '\n')
+    # a user's own Hugging Face GPT-2 folder (docs/export.md), of the stand-in's tiny shape
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32)).save_pretrained(
+        copy / 'hf-my-gpt2')
     return copy
 
 
