@@ -1,0 +1,34 @@
+"""training/recipe.py: the runs bench_optim.py compares the recipe by, and its steps-to-a-loss measure."""
+from training import recipe
+from training.rules import MODERN_DEFAULTS
+
+CONFIG = {'optim': 'adamw', 'lr_schedule': 'cosine', 'learning_rate': 1e-3, 'muon_learning_rate': 0.02,
+          'muon_momentum_warmup_iters': 50, 'embedding_learning_rate': 0.0, 'head_learning_rate': 0.0}
+
+
+def test_the_baseline_is_gpt2s_architecture_with_adamw_and_cosine():
+    keys = recipe.run_keys(recipe.RUNS['baseline'], CONFIG)
+    assert {k: keys[k] for k in MODERN_DEFAULTS} == MODERN_DEFAULTS
+    assert keys['optim'] == 'adamw' and keys['lr_schedule'] == 'cosine'
+    assert keys['muon_momentum_warmup_iters'] == 0  # a key only Muon reads, which train.py refuses with AdamW
+
+
+def test_each_ablation_changes_only_its_component_back():
+    full = recipe.run_keys(recipe.RUNS['recipe'], CONFIG)
+    assert full['optim'] == 'muon' and full['lr_schedule'] == 'wsd' and full['muon_momentum_warmup_iters'] == 50
+    assert all(full[k] != v for k, v in MODERN_DEFAULTS.items())  # every modern option is on
+    for component, change in recipe.ABLATIONS.items():
+        keys = recipe.run_keys(recipe.RUNS[f'recipe-{component}'], CONFIG)
+        differ = {k for k in full if keys[k] != full[k]}
+        if component == 'muon':  # and the keys only Muon reads go with it
+            assert differ == {'optim', 'muon_momentum_warmup_iters'}
+        else:
+            assert differ == set(change)
+        assert all(keys[k] == MODERN_DEFAULTS.get(k, CONFIG.get(k)) for k in change)
+
+
+def test_first_step_reaching_a_loss():
+    curve = {0: 4.0, 25: 2.5, 50: 2.1, 75: 2.2, 100: 2.0}
+    assert recipe.first_step_reaching(curve, 2.2) == 50
+    assert recipe.first_step_reaching(curve, 2.5) == 25
+    assert recipe.first_step_reaching(curve, 1.9) is None
