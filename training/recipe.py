@@ -9,7 +9,7 @@ BASELINE = {'optim': 'adamw', 'lr_schedule': 'cosine'}
 # of its AdamW groups as tuned on character-level Tiny Shakespeare (docs/recipe.md), also in config/speedrun_*.py
 RECIPE = {'pos_emb': 'rope', 'norm': 'rmsnorm', 'qk_norm': True, 'mlp': 'relu2', 'tie_weights': False,
           'zero_init_proj': True, 'logit_softcap': 15.0, 'optim': 'muon', 'lr_schedule': 'wsd',
-          'muon_learning_rate': 0.02, 'embedding_learning_rate': 0.0, 'head_learning_rate': 0.0}
+          'muon_learning_rate': 0.02, 'embedding_learning_rate': 0.01, 'head_learning_rate': 0.004}
 # component: what the recipe without it has instead (GPT-2's or nanoGPT's choice)
 ABLATIONS = {'rope': {'pos_emb': 'learned'}, 'rmsnorm': {'norm': 'layernorm'}, 'qk_norm': {'qk_norm': False},
              'relu2': {'mlp': 'gelu'}, 'untied_head': {'tie_weights': True}, 'zero_init': {'zero_init_proj': False},
