@@ -13,7 +13,7 @@ $ python bench_optim.py --runs=adamw,autocast_cache --dtype=bfloat16 --activatio
 
 The modern recipe against nanoGPT's (docs/recipe.md): 'baseline' is nanoGPT's GPT-2 architecture, AdamW and cosine
 schedule; 'recipe' is RECIPE (modern architecture, Muon, warmup-stable-decay); 'recipe-X' is the recipe without its
-component X (ABLATIONS), and --runs=ablation runs all of them. With several --seeds (each its own initial weights,
+component X (ABLATIONS), 'recipe+X' with the component X it left out (DROPPED); --runs=ablation runs all of them. With several --seeds (each its own initial weights,
 batches and validation windows) the curves are means over the seeds, and the summary gives each run's final val loss
 and the step at which it first reaches the first run's final val loss, seed by seed.
 $ python bench_optim.py --dataset=shakespeare_char --runs=ablation --seeds=1,2
@@ -77,7 +77,7 @@ RUNS = {'adamw': {'optim': 'adamw'}, 'muon': {'optim': 'muon'},
         'bf16_weights': {'optim': 'adamw', 'weight_dtype': 'bfloat16'},
         'bf16_nearest': {'optim': 'adamw', 'weight_dtype': 'bfloat16', 'nearest': True},
         'autocast_cache': {'optim': 'adamw', 'autocast_cache': True}}  # the same losses: its cost is the time
-RUNS.update(recipe.RUNS) # 'baseline', 'recipe' and 'recipe-X' for each component X of recipe.ABLATIONS
+RUNS.update(recipe.RUNS) # 'baseline', 'recipe', 'recipe-X' (recipe.ABLATIONS) and 'recipe+X' (recipe.DROPPED)
 RUN_GROUPS = {'ablation': list(recipe.RUNS)}
 
 

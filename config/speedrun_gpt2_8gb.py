@@ -11,7 +11,7 @@
 dataset = 'fineweb'
 out_dir = 'out-speedrun-gpt2'
 
-# GPT-2 124M's shape, without biases; the recipe's architecture (docs/modern_recipe.md)
+# GPT-2 124M's shape, without biases; the recipe's architecture (docs/modern_recipe.md, docs/recipe.md)
 n_layer = 12
 n_head = 12
 n_embd = 768
@@ -21,7 +21,6 @@ norm = 'rmsnorm'
 qk_norm = True
 mlp = 'relu2'
 tie_weights = False
-zero_init_proj = True
 logit_softcap = 15.0
 
 # ~0.5M tokens per optimizer step, as modded-nanogpt's record and llm.c: 4 * 1024 * 128 = 524,288 tokens

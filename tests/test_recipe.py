@@ -1,5 +1,6 @@
 """training/recipe.py: the runs bench_optim.py compares the recipe by, and its steps-to-a-loss measure."""
 from training import recipe
+from training.optim import MUON_ONLY_KEYS
 from training.rules import MODERN_DEFAULTS
 
 CONFIG = {'optim': 'adamw', 'lr_schedule': 'cosine', 'learning_rate': 1e-3, 'muon_learning_rate': 0.02,
@@ -16,12 +17,13 @@ def test_the_baseline_is_gpt2s_architecture_with_adamw_and_cosine():
 def test_each_ablation_changes_only_its_component_back():
     full = recipe.run_keys(recipe.RUNS['recipe'], CONFIG)
     assert full['optim'] == 'muon' and full['lr_schedule'] == 'wsd' and full['muon_momentum_warmup_iters'] == 50
-    assert all(full[k] != v for k, v in MODERN_DEFAULTS.items())  # every modern option is on
+    dropped = {k for change in recipe.DROPPED.values() for k in change}
+    assert all(full[k] != v for k, v in MODERN_DEFAULTS.items() if k not in dropped)  # every kept option is on
     for component, change in recipe.ABLATIONS.items():
         keys = recipe.run_keys(recipe.RUNS[f'recipe-{component}'], CONFIG)
         differ = {k for k in full if keys[k] != full[k]}
-        if component == 'muon':  # and the keys only Muon reads go with it
-            assert differ == {'optim', 'muon_momentum_warmup_iters'}
+        if component == 'muon':  # and the keys only Muon reads go with it: AdamW at learning_rate throughout
+            assert differ == {'optim', *MUON_ONLY_KEYS}
         else:
             assert differ == set(change)
         assert all(keys[k] == MODERN_DEFAULTS.get(k, CONFIG.get(k)) for k in change)
@@ -32,3 +34,11 @@ def test_first_step_reaching_a_loss():
     assert recipe.first_step_reaching(curve, 2.2) == 50
     assert recipe.first_step_reaching(curve, 2.5) == 25
     assert recipe.first_step_reaching(curve, 1.9) is None
+
+
+def test_a_dropped_component_is_the_recipe_with_it_back():
+    full = recipe.run_keys(recipe.RUNS['recipe'], CONFIG)
+    for component, change in recipe.DROPPED.items():
+        keys = recipe.run_keys(recipe.RUNS[f'recipe+{component}'], CONFIG)
+        assert {k for k in full if keys[k] != full[k]} == set(change)
+        assert all(full[k] == MODERN_DEFAULTS[k] != keys[k] for k in change)  # the recipe has GPT-2's choice

@@ -6,16 +6,20 @@ from training.rules import MODERN_DEFAULTS
 # nanoGPT's run: GPT-2's architecture (model.py's defaults), AdamW at learning_rate, cosine schedule
 BASELINE = {'optim': 'adamw', 'lr_schedule': 'cosine'}
 # The recipe: modded-nanogpt's architecture, Muon for the blocks' matrices, warmup-stable-decay; the learning rates
-# of its AdamW groups as tuned on character-level Tiny Shakespeare (docs/recipe.md), also in config/speedrun_*.py
+# of its AdamW groups as tuned on character-level Tiny Shakespeare (docs/recipe.md), also in config/speedrun_*.py.
+# Without modded-nanogpt's zero-initialized projections, which cost loss in bench_optim.py's ablation (DROPPED)
 RECIPE = {'pos_emb': 'rope', 'norm': 'rmsnorm', 'qk_norm': True, 'mlp': 'relu2', 'tie_weights': False,
-          'zero_init_proj': True, 'logit_softcap': 15.0, 'optim': 'muon', 'lr_schedule': 'wsd',
+          'logit_softcap': 15.0, 'optim': 'muon', 'lr_schedule': 'wsd',
           'muon_learning_rate': 0.02, 'embedding_learning_rate': 0.01, 'head_learning_rate': 0.004}
 # component: what the recipe without it has instead (GPT-2's or nanoGPT's choice)
 ABLATIONS = {'rope': {'pos_emb': 'learned'}, 'rmsnorm': {'norm': 'layernorm'}, 'qk_norm': {'qk_norm': False},
-             'relu2': {'mlp': 'gelu'}, 'untied_head': {'tie_weights': True}, 'zero_init': {'zero_init_proj': False},
-             'softcap': {'logit_softcap': 0.0}, 'muon': {'optim': 'adamw'}, 'wsd': {'lr_schedule': 'cosine'}}
+             'relu2': {'mlp': 'gelu'}, 'untied_head': {'tie_weights': True}, 'softcap': {'logit_softcap': 0.0},
+             'muon': {'optim': 'adamw'}, 'wsd': {'lr_schedule': 'cosine'}}
+# component tried and left out: what the recipe with it has
+DROPPED = {'zero_init': {'zero_init_proj': True}}
 RUNS = {'baseline': BASELINE, 'recipe': RECIPE,
-        **{f'recipe-{component}': {**RECIPE, **change} for component, change in ABLATIONS.items()}}
+        **{f'recipe-{component}': {**RECIPE, **change} for component, change in ABLATIONS.items()},
+        **{f'recipe+{component}': {**RECIPE, **change} for component, change in DROPPED.items()}}
 
 
 def run_keys(run, config):
