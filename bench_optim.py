@@ -200,12 +200,12 @@ for name in names:
 print(f'\n{dataset}, {n_layer} layers, d={n_embd}, vocab {vocab_size}, batch {batch_size} x {block_size}, '
       f'{max_iters} steps, lr {learning_rate:g} (muon_learning_rate {muon_learning_rate:g}), {dtype}, seeds '
       f'{seeds}, {torch.get_num_threads()} threads')
-width = max(14, *(len(name) + 2 for name in names))
-print(f"\n{'run':<{width}}  final val loss (mean, min-max)  step reaching {names[0]}'s final (by seed; mean)  ms/step")
+width = max(12, *(len(name) + 2 for name in names))
+print(f"\n{'run':<{width + 2}}  final val loss (mean, min-max)  step reaching {names[0]}'s final (by seed; mean)  ms/step")
 for name, row in summary.items():
     reached = ', '.join('-' if step is None else str(step) for step in row['reached'])
     reached_mean = '-' if row['reached_mean'] is None else f"{row['reached_mean']:.0f}"
-    print(f"{name:<{width}}  {row['final_mean']:.4f} ({row['final_min']:.4f}-{row['final_max']:.4f})"
+    print(f"{name:<{width + 2}}  {row['final_mean']:.4f} ({row['final_min']:.4f}-{row['final_max']:.4f})"
           f"{'':<12}{reached + '; ' + reached_mean:<42}{row['ms_per_step']:.0f}")
 if json_path:
     with open(json_path, 'w') as f:
