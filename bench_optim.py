@@ -13,9 +13,10 @@ $ python bench_optim.py --runs=adamw,autocast_cache --dtype=bfloat16 --activatio
 
 The modern recipe against nanoGPT's (docs/recipe.md): 'baseline' is nanoGPT's GPT-2 architecture, AdamW and cosine
 schedule; 'recipe' is RECIPE (modern architecture, Muon, warmup-stable-decay); 'recipe-X' is the recipe without its
-component X (ABLATIONS), 'recipe+X' with the component X it left out (DROPPED); --runs=ablation runs all of them. With several --seeds (each its own initial weights,
-batches and validation windows) the curves are means over the seeds, and the summary gives each run's final val loss
-and the step at which it first reaches the first run's final val loss, seed by seed.
+component X (recipe.ABLATIONS), 'recipe+X' with the component X it left out (recipe.DROPPED); --runs=ablation runs
+all of them. With several --seeds (each its own initial weights, batches and validation windows) the curves are means
+over the seeds, and the summary gives each run's final val loss and the step at which it first reaches the first
+run's final val loss, seed by seed.
 $ python bench_optim.py --dataset=shakespeare_char --runs=ablation --seeds=1,2
 
 Keys are overridden as in train.py: config files, then --key=value (python bench_optim.py --help lists them).
@@ -201,7 +202,8 @@ print(f'\n{dataset}, {n_layer} layers, d={n_embd}, vocab {vocab_size}, batch {ba
       f'{max_iters} steps, lr {learning_rate:g} (muon_learning_rate {muon_learning_rate:g}), {dtype}, seeds '
       f'{seeds}, {torch.get_num_threads()} threads')
 width = max(12, *(len(name) + 2 for name in names))
-print(f"\n{'run':<{width + 2}}  final val loss (mean, min-max)  step reaching {names[0]}'s final (by seed; mean)  ms/step")
+print(f"\n{'run':<{width + 2}}  final val loss (mean, min-max)  step reaching {names[0]}'s final (by seed; mean)"
+      f"  ms/step")
 for name, row in summary.items():
     reached = ', '.join('-' if step is None else str(step) for step in row['reached'])
     reached_mean = '-' if row['reached_mean'] is None else f"{row['reached_mean']:.0f}"

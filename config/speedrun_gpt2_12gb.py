@@ -1,7 +1,8 @@
 # GPT-2 (124M) from scratch with the modern recipe (docs/recipe.md) on one 12 GB card (e.g. RTX 3060 12GB), to
 # GPT-2 124M quality on FineWeb: the speedrun's 3.28 validation loss. modded-nanogpt's record with this architecture
 # and Muon reached it in 2.67B tokens (llm.c's GPT-2 baseline: 10B); this preset's budget is that record's, 5,100
-# steps of 524,288 tokens. Validation on held-out FineWeb documents, HellaSwag at each evaluation.
+# steps of 524,288 tokens (the recipe leaves out that record's zero-initialized projections: docs/recipe.md).
+# Validation on held-out FineWeb documents, HellaSwag at each evaluation.
 # $ python prepare/openwebtext.py --dataset HuggingFaceFW/fineweb --name sample-10BT \
 #       --max_tokens 3_000_000_000 --out_dir data/fineweb
 # $ python estimate_memory.py config/speedrun_gpt2_12gb.py --gpu_memory_gb=12
