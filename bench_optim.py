@@ -11,8 +11,17 @@ $ python bench_optim.py --dataset=shakespeare_char          # without tiktoken: 
 $ python bench_optim.py --runs=adamw,bf16_weights,bf16_nearest --dtype=bfloat16 --dataset=shakespeare_char
 $ python bench_optim.py --runs=adamw,autocast_cache --dtype=bfloat16 --activation_checkpointing=True
 
+The modern recipe against nanoGPT's (docs/recipe.md): 'baseline' is nanoGPT's GPT-2 architecture, AdamW and cosine
+schedule; 'recipe' is RECIPE (modern architecture, Muon, warmup-stable-decay); 'recipe-X' is the recipe without its
+component X (recipe.ABLATIONS), 'recipe+X' with the component X it left out (recipe.DROPPED); --runs=ablation runs
+all of them. With several --seeds (each its own initial weights, batches and validation windows) the curves are means
+over the seeds, and the summary gives each run's final val loss and the step at which it first reaches the first
+run's final val loss, seed by seed.
+$ python bench_optim.py --dataset=shakespeare_char --runs=ablation --seeds=1,2
+
 Keys are overridden as in train.py: config files, then --key=value (python bench_optim.py --help lists them).
 """
+import json
 import os
 import sys
 import time
@@ -23,11 +32,11 @@ import torch
 
 import configurator
 from model import GPT, GPTConfig
-from training import rules
+from training import recipe, rules
 from training.device import TORCH_DTYPES
 from training.errors import ConfigError, install_handler
-from training.optim import build_optimizer, check_config, group_lr, muon_matrices
-from training.schedule import cosine_lr
+from training.optim import MUON_ONLY_KEYS, build_optimizer, check_config, group_lr, muon_matrices, muon_momentum_at
+from training.schedule import scheduled_lr
 
 install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
 
@@ -35,7 +44,7 @@ install_handler() # bad input ends the script with one line and exit status 2 (t
 runs = 'adamw,muon' # comma-separated names of RUNS to compare
 data_dir = 'data'
 dataset = 'shakespeare' # data_dir/dataset/train.bin and val.bin, as train.py reads them
-seed = 1337 # the initial weights, the batches and the validation windows: the same for every optimizer
+seeds = '1337' # comma-separated; each seed's initial weights, batches and validation windows are every run's
 # model: 4 layers, d=128, GPT-2's vocabulary (or meta.pkl's), 128-token windows
 n_layer = 4
 n_head = 4
@@ -47,8 +56,9 @@ max_iters = 200
 eval_interval = 25
 eval_iters = 20 # validation batches of batch_size windows: the same windows at every evaluation
 learning_rate = 1e-3 # AdamW's (optim='muon': for the embeddings, LayerNorms and biases)
-muon_learning_rate = 0.02
+muon_learning_rate = 0.02 # of the runs that do not set their own (the recipe's: training/recipe.py)
 muon_momentum = 0.95
+muon_momentum_warmup_iters = 0 # optim='muon': train.py's key
 weight_decay = 1e-1
 beta1 = 0.9
 beta2 = 0.95
@@ -56,25 +66,43 @@ grad_clip = 1.0
 warmup_iters = 10
 lr_decay_iters = 200
 min_lr = 1e-4
+lr_schedule = 'cosine' # of the runs that do not set their own ('baseline': cosine, 'recipe': wsd)
+cooldown_frac = 0.2 # lr_schedule='wsd'
 dtype = 'float32' # 'bfloat16': every run under bf16 autocast, as train.py's dtype (the bf16-weight runs need it)
 autocast_cache = False # train.py's key: a run may turn it on
 activation_checkpointing = False # every run
+json_path = '' # also write the curves and the summary to this JSON file
 # -----------------------------------------------------------------------------
 # name: train.py keys of the run ('nearest': torch's AdamW on bf16 weights, which rounds each update to nearest)
 RUNS = {'adamw': {'optim': 'adamw'}, 'muon': {'optim': 'muon'},
         'bf16_weights': {'optim': 'adamw', 'weight_dtype': 'bfloat16'},
         'bf16_nearest': {'optim': 'adamw', 'weight_dtype': 'bfloat16', 'nearest': True},
         'autocast_cache': {'optim': 'adamw', 'autocast_cache': True}}  # the same losses: its cost is the time
+RUNS.update(recipe.RUNS) # 'baseline', 'recipe', 'recipe-X' (recipe.ABLATIONS) and 'recipe+X' (recipe.DROPPED)
+RUN_GROUPS = {'ablation': list(recipe.RUNS)}
+
+
+def run_names(runs):
+    """The run names of the `runs` key: RUNS' names and RUN_GROUPS' groups, comma-separated."""
+    names = [name for part in runs.split(',') for name in RUN_GROUPS.get(part, [part])]
+    for name in names:
+        if name not in RUNS:
+            raise ConfigError(f"unknown run {name!r}: use some of {', '.join([*RUNS, *RUN_GROUPS])}")
+    return names
+
+
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
-names = config['runs'].split(',')
-config.update(optimizer_in_backward=False, parallelism='ddp', weight_dtype='float32') # one process, standard step
+names = run_names(config['runs'])
+seed_list = [int(seed) for seed in config['seeds'].split(',')]
+config.update(optimizer_in_backward=False, parallelism='ddp', weight_dtype='float32', init_from='scratch',
+              hellaswag=False, bias=False, dropout=0.0) # one process, standard step, a model from scratch
 for name in names:
-    if name not in RUNS:
-        raise ConfigError(f"unknown run {name!r}: use some of {', '.join(RUNS)}")
-    check_config({**config, **RUNS[name]}, 1)
+    check_config(recipe.run_keys(RUNS[name], config), 1)
+    rules.check_architecture(recipe.run_keys(RUNS[name], config))
 rules.check_dataset(config)
-vocab_size = rules.meta_vocab_size(config) or rules.DEFAULT_VOCAB_SIZE
+meta_vocab = rules.meta_vocab_size(config)
+vocab_size = meta_vocab or rules.DEFAULT_VOCAB_SIZE
 globals().update(config)
 # -----------------------------------------------------------------------------
 
@@ -101,35 +129,39 @@ def state_bytes(optimizer, params):
     return sum(t.nbytes for p in params for t in optimizer.state[p].values() if isinstance(t, torch.Tensor))
 
 
-def build(run):
-    """The model, optimizer and autocast context of `run`, from the seed's initial weights (cast as train.py casts
-    them)."""
-    keys = {**config, **RUNS[run]}
+def build(run, seed):
+    """The model, optimizer, autocast context and train.py keys of `run`, from the seed's initial weights (cast as
+    train.py casts them)."""
+    keys = recipe.run_keys(RUNS[run], config)
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
-                          vocab_size=vocab_size, bias=False, dropout=0.0)).to(TORCH_DTYPES[keys['weight_dtype']])
+    model_args, _ = rules.model_args(keys, meta_vocab)
+    model = GPT(GPTConfig(**model_args)).to(TORCH_DTYPES[keys['weight_dtype']])
     model.activation_checkpointing = activation_checkpointing
     ctx = nullcontext() if dtype == 'float32' else torch.autocast('cpu', dtype=TORCH_DTYPES[dtype],
                                                                   cache_enabled=keys['autocast_cache'])
     if keys.get('nearest'):
-        return model, model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), 'cpu'), ctx
-    return model, build_optimizer(model, keys, 'cpu'), ctx
+        optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), 'cpu')
+    else:
+        optimizer = build_optimizer(model, keys, 'cpu')
+    return model, optimizer, ctx, keys
 
 
-def train(run, val_batches):
-    """({step: val loss}, seconds per step, optimizer-state bytes) of `run`."""
-    model, optimizer, ctx = build(run)
+def train(run, seed, val_batches):
+    """({step: val loss}, seconds per step, optimizer-state bytes) of `run` from `seed`."""
+    model, optimizer, ctx, keys = build(run, seed)
     curve, seconds = {}, 0.0
     for it in range(max_iters + 1):
         if it % eval_interval == 0 or it == max_iters:
             curve[it] = val_loss(model, val_batches, ctx)
-            print(f'{run} step {it}: val loss {curve[it]:.4f}', flush=True)
+            print(f'{run} seed {seed} step {it}: val loss {curve[it]:.4f}', flush=True)
         if it == max_iters:
             break
         t0 = time.perf_counter()
-        lr = cosine_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters) # as train.py sets it
+        lr = scheduled_lr(it, keys) # as train.py sets it
         for group in optimizer.param_groups:
-            group['lr'] = group_lr(group, lr, config)
+            group['lr'] = group_lr(group, lr, keys)
+            if group.get('muon'):
+                group['momentum'] = muon_momentum_at(it, keys)
         x, y = windows('train', np.random.default_rng((seed, 0, it)), batch_size)
         with ctx:
             _, loss = model(x, y)
@@ -145,20 +177,52 @@ def train(run, val_batches):
     return curve, seconds / max_iters, (state_bytes(optimizer, matrices), state_bytes(optimizer, rest))
 
 
-generator = np.random.default_rng((seed, 1))
-val_batches = [windows('val', generator, batch_size) for _ in range(eval_iters)]
-results = {name: train(name, val_batches) for name in names}
+def mean(values):
+    return sum(values) / len(values)
+
+
+results = {name: {} for name in names} # name: {seed: train()'s}
+for seed in seed_list:
+    generator = np.random.default_rng((seed, 1))
+    val_batches = [windows('val', generator, batch_size) for _ in range(eval_iters)]
+    for name in names:
+        results[name][seed] = train(name, seed, val_batches)
+curves = {name: {it: mean([results[name][seed][0][it] for seed in seed_list]) for it in results[name][seed_list[0]][0]}
+          for name in names} # the mean over the seeds
+# the first run's final val loss, seed by seed: the step at which each run first reaches it
+targets = {seed: results[names[0]][seed][0][max_iters] for seed in seed_list}
+summary = {}
+for name in names:
+    finals = [results[name][seed][0][max_iters] for seed in seed_list]
+    reached = [recipe.first_step_reaching(results[name][seed][0], targets[seed]) for seed in seed_list]
+    summary[name] = dict(final_mean=mean(finals), final_min=min(finals), final_max=max(finals), reached=reached,
+                         reached_mean=None if None in reached else mean(reached),
+                         ms_per_step=1000 * mean([results[name][seed][1] for seed in seed_list]))
 print(f'\n{dataset}, {n_layer} layers, d={n_embd}, vocab {vocab_size}, batch {batch_size} x {block_size}, '
-      f'{max_iters} steps, lr {learning_rate:g} (muon_learning_rate {muon_learning_rate:g}), {dtype}, seed {seed}, '
-      f'{torch.get_num_threads()} threads')
+      f'{max_iters} steps, lr {learning_rate:g} (muon_learning_rate {muon_learning_rate:g}), {dtype}, seeds '
+      f'{seeds}, {torch.get_num_threads()} threads')
 width = max(12, *(len(name) + 2 for name in names))
+print(f"\n{'run':<{width + 2}}  final val loss (mean, min-max)  step reaching {names[0]}'s final (by seed; mean)"
+      f"  ms/step")
+for name, row in summary.items():
+    reached = ', '.join('-' if step is None else str(step) for step in row['reached'])
+    reached_mean = '-' if row['reached_mean'] is None else f"{row['reached_mean']:.0f}"
+    print(f"{name:<{width + 2}}  {row['final_mean']:.4f} ({row['final_min']:.4f}-{row['final_max']:.4f})"
+          f"{'':<12}{reached + '; ' + reached_mean:<42}{row['ms_per_step']:.0f}")
+if json_path:
+    with open(json_path, 'w') as f:
+        json.dump(dict(config=config, curves={name: {str(it): loss for it, loss in curve.items()}
+                                              for name, curve in curves.items()},
+                       seeds={name: {str(seed): {str(it): loss for it, loss in result[0].items()}
+                                     for seed, result in by_seed.items()} for name, by_seed in results.items()},
+                       summary=summary), f, indent=1)
+print(f'\nval loss, mean over seeds {seeds}')
 print('step  ' + ''.join(f'{name:>{width}}' for name in names))
-for it in results[names[0]][0]:
-    print(f'{it:>4}  ' + ''.join(f'{results[name][0][it]:>{width}.4f}' for name in names))
-for name, (curve, step_seconds, (matrix_bytes, rest_bytes)) in results.items():
-    target = min(results[names[0]][0].values()) # the first run's best val loss: when does each reach it?
-    reached = next((it for it, loss in curve.items() if loss <= target), None)
-    final = curve[max_iters] / results[names[0]][0][max_iters] - 1
+for it in curves[names[0]]:
+    print(f'{it:>4}  ' + ''.join(f'{curves[name][it]:>{width}.4f}' for name in names))
+for name in names:
+    curve, step_seconds, (matrix_bytes, rest_bytes) = results[name][seed_list[0]]
+    final = summary[name]['final_mean'] / summary[names[0]]['final_mean'] - 1
     print(f"{name}: optimizer state {matrix_bytes + rest_bytes:,} bytes, of which the blocks' matrices "
-          f"{matrix_bytes:,} and the rest {rest_bytes:,}; {step_seconds * 1000:.0f} ms a step; val loss "
-          f"{target:.4f} first reached at step {reached}; final val loss {final:+.2%} against {names[0]}'s")
+          f"{matrix_bytes:,} and the rest {rest_bytes:,}; {summary[name]['ms_per_step']:.0f} ms a step; final val "
+          f"loss {final:+.2%} against {names[0]}'s")

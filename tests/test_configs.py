@@ -49,3 +49,15 @@ def test_finetune_presets_use_8bit_adamw_with_checkpointing(name, model):
     assert config['init_from'] == model and config['activation_checkpointing'] is True
     assert config['optim'] == 'adamw_8bit' and config['optimizer_in_backward'] is False
     assert (config['batch_size'], config['block_size'], config['gradient_accumulation_steps']) == (1, 1024, 32)
+
+
+@pytest.mark.parametrize('name', ['speedrun_gpt2_12gb.py', 'speedrun_gpt2_8gb.py'])
+def test_speedrun_presets_train_the_recipe_bench_optim_measured(name):
+    """The speedrun presets ship training/recipe.py's RECIPE (its architecture, optimizer, schedule and learning
+    rates), at GPT-2 124M's shape, ~0.5M tokens a step, with HellaSwag."""
+    from training.recipe import RECIPE
+    config = load(ROOT / 'config' / name)
+    assert {k: config[k] for k in RECIPE} == RECIPE
+    assert (config['n_layer'], config['n_head'], config['n_embd'], config['block_size']) == (12, 12, 768, 1024)
+    assert config['batch_size'] * config['gradient_accumulation_steps'] * config['block_size'] == 524_288
+    assert config['dataset'] == 'fineweb' and config['hellaswag']

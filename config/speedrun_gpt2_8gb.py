@@ -1,0 +1,56 @@
+# GPT-2 (124M) from scratch with the modern recipe (docs/recipe.md) on one 8 GB card (e.g. RTX 4060 Ti 8GB, RTX 3070):
+# config/speedrun_gpt2_12gb.py's run, 524,288 tokens a step, in micro-batches of 4 instead of 8 (the activations
+# halve; the weights, gradients and optimizer state stay). The same token budget, to FineWeb's 3.28 validation loss.
+# $ python prepare/openwebtext.py --dataset HuggingFaceFW/fineweb --name sample-10BT \
+#       --max_tokens 3_000_000_000 --out_dir data/fineweb
+# $ python estimate_memory.py config/speedrun_gpt2_8gb.py --gpu_memory_gb=8
+# $ python train.py config/speedrun_gpt2_8gb.py
+# What it takes, a projection, not a measurement (docs/recipe.md, Projection): 2.67B tokens x 855 MFLOPs a token
+# on an RTX 4060 Ti's 44.1 TFLOPS dense bf16 at an assumed 40% MFU: ~36 hours.
+
+dataset = 'fineweb'
+out_dir = 'out-speedrun-gpt2'
+
+# GPT-2 124M's shape, without biases; the recipe's architecture (docs/modern_recipe.md, docs/recipe.md)
+n_layer = 12
+n_head = 12
+n_embd = 768
+bias = False
+pos_emb = 'rope'
+norm = 'rmsnorm'
+qk_norm = True
+mlp = 'relu2'
+tie_weights = False
+logit_softcap = 15.0
+
+# ~0.5M tokens per optimizer step, as modded-nanogpt's record and llm.c: 4 * 1024 * 128 = 524,288 tokens
+batch_size = 4
+block_size = 1024
+gradient_accumulation_steps = 128
+max_iters = 5100
+lr_decay_iters = 5100
+
+# the recipe's optimizer and schedule (training/recipe.py): Muon for the blocks' matrices at 0.02, its momentum
+# warmed up from 0.85 over 300 steps as nanochat; AdamW (learning_rate) for the rest; warmup-stable-decay
+optim = 'muon'
+muon_learning_rate = 0.02
+muon_momentum = 0.95
+muon_momentum_warmup_iters = 300
+learning_rate = 6e-4  # nanoGPT's for GPT-2 124M: the AdamW groups' peak
+embedding_learning_rate = 0.01
+head_learning_rate = 0.004
+lr_schedule = 'wsd'
+cooldown_frac = 0.2
+warmup_iters = 100
+min_lr = 6e-5
+weight_decay = 1e-1
+
+# every 500 steps (~0.26B tokens): val loss on 50 * 16 windows of held-out FineWeb, and HellaSwag's 10,042 examples
+# (downloaded once to data/hellaswag/); OpenAI's GPT-2 124M scores acc_norm 0.2955 there (README: HellaSwag)
+eval_interval = 500
+eval_iters = 50
+eval_batch_size = 16
+hellaswag = True
+log_interval = 10
+
+compile = True  # needs Triton (not on native Windows): compile = False there, batch 4 fits in eager mode too

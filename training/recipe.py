@@ -1,0 +1,36 @@
+"""The modern recipe (docs/recipe.md) as train.py keys, nanoGPT's baseline, the recipe's ablations, and the measure
+bench_optim.py compares them by: the step at which a run first reaches a loss."""
+from training.optim import MUON_ONLY_KEYS
+from training.rules import MODERN_DEFAULTS
+
+# nanoGPT's run: GPT-2's architecture (model.py's defaults), AdamW at learning_rate, cosine schedule
+BASELINE = {'optim': 'adamw', 'lr_schedule': 'cosine'}
+# The recipe: modded-nanogpt's architecture, Muon for the blocks' matrices, warmup-stable-decay; the learning rates
+# of its AdamW groups as tuned on character-level Tiny Shakespeare (docs/recipe.md), also in config/speedrun_*.py.
+# Without modded-nanogpt's zero-initialized projections, which cost loss in bench_optim.py's ablation (DROPPED)
+RECIPE = {'pos_emb': 'rope', 'norm': 'rmsnorm', 'qk_norm': True, 'mlp': 'relu2', 'tie_weights': False,
+          'logit_softcap': 15.0, 'optim': 'muon', 'lr_schedule': 'wsd',
+          'muon_learning_rate': 0.02, 'embedding_learning_rate': 0.01, 'head_learning_rate': 0.004}
+# component: what the recipe without it has instead (GPT-2's or nanoGPT's choice)
+ABLATIONS = {'rope': {'pos_emb': 'learned'}, 'rmsnorm': {'norm': 'layernorm'}, 'qk_norm': {'qk_norm': False},
+             'relu2': {'mlp': 'gelu'}, 'untied_head': {'tie_weights': True}, 'softcap': {'logit_softcap': 0.0},
+             'muon': {'optim': 'adamw'}, 'wsd': {'lr_schedule': 'cosine'}}
+# component tried and left out: what the recipe with it has
+DROPPED = {'zero_init': {'zero_init_proj': True}}
+RUNS = {'baseline': BASELINE, 'recipe': RECIPE,
+        **{f'recipe-{component}': {**RECIPE, **change} for component, change in ABLATIONS.items()},
+        **{f'recipe+{component}': {**RECIPE, **change} for component, change in DROPPED.items()}}
+
+
+def run_keys(run, config):
+    """train.py's keys of `run` (a dict of keys that differ from config's): config's, with GPT-2's architecture where
+    neither sets a modern key; a run on AdamW drops the keys only Muon reads."""
+    keys = {**MODERN_DEFAULTS, **config, **run}
+    if keys['optim'] != 'muon':
+        keys.update(dict.fromkeys(MUON_ONLY_KEYS, 0))
+    return keys
+
+
+def first_step_reaching(curve, target):
+    """The first step of `curve` ({step: val loss}, in step order) whose loss is at most `target`; None if none is."""
+    return next((step for step, loss in curve.items() if loss <= target), None)
