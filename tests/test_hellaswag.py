@@ -11,7 +11,8 @@ import tiktoken
 import torch
 import torch.nn.functional as F
 
-from helpers import MODERN_ARCH_ARGS, TINY_ARGS, gpt2_cached, patched_env, run_script, tiny_encoding, torchrun
+from helpers import (MODERN_ARCH_ARGS, TINY_ARGS, gpt2_cached, patched_env, run_script, tiny_encoding, tiny_gpt,
+                     torchrun)
 from model import GPT, GPTConfig
 from training.checkpoint import save_checkpoint
 from training.errors import ConfigError
@@ -42,12 +43,10 @@ def write_jsonl(path, examples):
     return path
 
 
-def tiny_gpt(block_size=64, vocab_size=320, **kw):
-    """A random 2-layer GPT in float64 with large embeddings, so its next-token distributions are far from uniform
-    and no two endings tie."""
-    torch.manual_seed(0)
-    config = dict(block_size=block_size, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=32, bias=True, **kw)
-    model = GPT(GPTConfig(**config)).double().eval()
+def scoring_gpt(block_size=64, **config):
+    """The tiny GPT, 32 wide, over tiny_encoding's 320 tokens, in float64 with large embeddings, so its next-token
+    distributions are far from uniform and no two endings tie."""
+    model = tiny_gpt(block_size=block_size, vocab_size=320, n_embd=32, **config).double().eval()
     with torch.no_grad():
         model.transformer.wte.weight.normal_(0.0, 1.0)
     return model
@@ -74,7 +73,7 @@ def reference_losses(model, example, enc):
 @pytest.mark.parametrize('block_size', [64, 32])  # 32: four of the seven contexts are cropped
 def test_batched_scores_match_full_logits_reference(tmp_path, block_size):
     enc = tiny_encoding()
-    model = tiny_gpt(block_size)
+    model = scoring_gpt(block_size)
     examples = read_examples(write_jsonl(tmp_path / 'val.jsonl', EXAMPLES))
     with torch.no_grad():
         ref = [reference_losses(model, example, enc) for example in examples]
@@ -132,7 +131,7 @@ def test_acc_sums_and_acc_norm_averages_the_ending_losses():
 
 def test_ddp_shares_add_up_with_the_same_forwards_on_every_rank():
     enc = tiny_encoding()
-    model = tiny_gpt()
+    model = scoring_gpt()
     examples = [dict(ctx=e['ctx'], endings=e['endings'], label=e['label']) for e in EXAMPLES]
     sums, _ = ending_losses(model, [render(example, enc, 64) for example in examples], 'cpu')
     # labels the model gets right by acc: a top-up example that counted would show in the sums
@@ -153,7 +152,7 @@ def test_ddp_shares_add_up_with_the_same_forwards_on_every_rank():
 
 def test_evaluate_scores_without_dropout_and_restores_train_mode():
     enc = tiny_encoding()
-    model = tiny_gpt(dropout=0.5)
+    model = scoring_gpt(dropout=0.5)
     examples = [dict(ctx=e['ctx'], endings=e['endings'], label=e['label']) for e in EXAMPLES]
     expected = evaluate(model, examples, enc, 'cpu')
     model.train()

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import model as model_lib
-from helpers import ROOT
+from helpers import ROOT, tiny_gpt
 from training.memory.tracer import MemoryTracer
 from model import GPT, GPTConfig, chunked_cross_entropy
 
@@ -203,11 +203,6 @@ def test_retained_graph_gives_the_right_gradients_each_backward():
             torch.testing.assert_close(ours, expected * factor)
     loss.backward()  # the last backward, graph freed: the in-place path
     torch.testing.assert_close(w.grad, ref[2])
-
-
-def tiny_gpt(**kw):
-    torch.manual_seed(0)
-    return GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=16, **kw))
 
 
 def test_gpt_loss_matches_naive_head_and_tied_weight_gets_both_gradients():

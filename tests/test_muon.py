@@ -2,55 +2,32 @@
 hold exactly the blocks' 2-D matrices; its steps are torch's Muon's and AdamW's, also through GradScaler and in
 backward; its state dict resumes exactly; the estimator traces its smaller state; train.py refuses what it cannot
 run with one line, resumes exactly, and trains on 2 processes under ddp and zero1 as on one."""
-import copy
 import io
 
 import pytest
 import torch
 
 import estimate_memory
-from helpers import PARALLEL_ARGS, TINY_ARGS, assert_same_losses, logged_losses, run_script, torchrun
-from model import GPT, GPTConfig
+from helpers import (PARALLEL_ARGS, TINY_ARGS, assert_same_losses, logged_losses, run_script, tiny_gpt, torchrun,
+                     train, train_steps)
 from training import optim
 from training.errors import ConfigError
 from training.memory import estimate as em
 
-CONFIG = dict(optim='muon', learning_rate=1e-3, muon_learning_rate=0.02, muon_momentum=0.95, weight_decay=0.1,
-              beta1=0.9, beta2=0.95, optimizer_in_backward=False)
 BLOCK_MATRICES = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
 
 
-def tiny_gpt(in_backward=False):
-    """A 2-layer GPT with biases (1-D parameters in the blocks too) and its muon optimizer."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=96, bias=True, dropout=0.0))
-    return model, optim.build_optimizer(model, {**CONFIG, 'optimizer_in_backward': in_backward}, 'cpu')
+OPTIMIZER = dict(learning_rate=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.95, weight_dtype='float32',
+                 optimizer_in_backward=False)
+MUON = dict(OPTIMIZER, optim='muon', learning_rate=1e-3, muon_learning_rate=0.02, muon_momentum=0.95)
 
 
-def batch(seed=1):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(96, (4, 16), generator=generator) for _ in range(2)]
-
-
-def train_steps(model, optimizers, steps, first=0, scaler=None):
-    """train.py's step on batches of their own per step, the learning rates scheduled as train.py does; `optimizers`
-    are stepped in turn (one, or torch's Muon and AdamW side by side)."""
-    for step in range(first, first + steps):
-        lr = 1e-3 * (step + 1) / 5
-        for optimizer in optimizers:
-            for group in optimizer.param_groups:
-                group['lr'] = lr * 0.02 / 1e-3 if group.get('muon') else lr
-        x, y = batch(step)
-        _, loss = model(x, y)
-        (scaler.scale(loss) if scaler else loss).backward()
-        for optimizer in optimizers:
-            if scaler:
-                scaler.step(optimizer)
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        if scaler:
-            scaler.update()
+def gpt_and_optimizer(optim_name='adamw', in_backward=False):
+    """A 2-layer GPT whose weight matrices all have >= 4096 elements (torchao quantizes those), and train.py's
+    optimizer of it; with biases under Muon, so the blocks hold 1-D parameters too."""
+    model = tiny_gpt(n_embd=64, vocab_size=96, bias=optim_name == 'muon')
+    config = {**(MUON if optim_name == 'muon' else OPTIMIZER), 'optim': optim_name, 'optimizer_in_backward': in_backward}
+    return model, optim.build_optimizer(model, config, 'cpu')
 
 
 def assert_same_parameters(a, b):
@@ -59,7 +36,7 @@ def assert_same_parameters(a, b):
 
 
 def test_muon_groups_hold_exactly_the_blocks_matrices():
-    model, optimizer = tiny_gpt()
+    model, optimizer = gpt_and_optimizer('muon')
     names = {p: name for name, p in model.named_parameters()}
     [muon] = [group for group in optimizer.param_groups if group['muon']]
     assert sorted(names[p] for p in muon['params']) == sorted(f'transformer.h.{i}.{name}' for i in range(2)
@@ -76,9 +53,9 @@ def test_muon_groups_hold_exactly_the_blocks_matrices():
 @pytest.mark.parametrize('scaled', [False, True])
 def test_steps_equal_torchs_muon_and_adamw_on_the_same_groups(scaled):
     """Also through GradScaler (fp16's; its power-of-two scale unscales exactly), which steps it as any optimizer."""
-    model, optimizer = tiny_gpt()
-    reference, _ = tiny_gpt()
-    groups = optim.muon_param_groups(reference, CONFIG)
+    model, optimizer = gpt_and_optimizer('muon')
+    reference, _ = gpt_and_optimizer('muon')
+    groups = optim.muon_param_groups(reference, MUON)
     muon = torch.optim.Muon(groups[:1], lr=0.02, momentum=0.95)
     adamw = torch.optim.AdamW(groups[1:], lr=1e-3, betas=(0.9, 0.95))
     scalers = [torch.amp.GradScaler('cpu') if scaled else None for _ in range(2)]
@@ -94,7 +71,7 @@ def test_steps_equal_torchs_muon_and_adamw_on_the_same_groups(scaled):
 def test_state_dict_resumes_exactly():
     """Torch's layout, both optimizers' state in one dict (Muon's momentum for the matrices, AdamW's moments for the
     rest), through torch.save and a weights_only load as train.py's checkpoint; the resumed steps repeat."""
-    model, optimizer = tiny_gpt()
+    model, optimizer = gpt_and_optimizer('muon')
     train_steps(model, [optimizer], 2)
     buffer = io.BytesIO()
     torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, buffer)
@@ -103,25 +80,11 @@ def test_state_dict_resumes_exactly():
     saved = torch.load(buffer, weights_only=True)
     kinds = {frozenset(state) for state in saved['optimizer']['state'].values()}
     assert kinds == {frozenset(['momentum_buffer']), frozenset(['step', 'exp_avg', 'exp_avg_sq'])}
-    resumed, resumed_optimizer = tiny_gpt()
+    resumed, resumed_optimizer = gpt_and_optimizer('muon')
     resumed.load_state_dict(saved['model'])
     resumed_optimizer.load_state_dict(saved['optimizer'])
     train_steps(resumed, [resumed_optimizer], 3, first=2)
     assert_same_parameters(resumed, model)
-
-
-def test_in_backward_gives_the_standard_loops_parameters():
-    """Muon orthogonalizes each matrix on its own, so stepping each parameter as backward finishes it is exact."""
-    model, optimizer = tiny_gpt()
-    fused_model, fused = tiny_gpt(in_backward=True)
-    train_steps(model, [optimizer], 3)
-    train_steps(fused_model, [fused], 3)
-    for p, q in zip(model.parameters(), fused_model.parameters()):
-        torch.testing.assert_close(p, q, rtol=0, atol=1e-7)
-    saved = fused.state_dict()  # the standard optimizer's layout: loads either way
-    assert saved['state'].keys() == optimizer.state_dict()['state'].keys()
-    tiny_gpt()[1].load_state_dict(copy.deepcopy(saved))
-    tiny_gpt(in_backward=True)[1].load_state_dict(optimizer.state_dict())
 
 
 def test_torch_without_muon_is_one_line(monkeypatch):
@@ -136,7 +99,7 @@ def test_torch_without_muon_is_one_line(monkeypatch):
     ({'muon_learning_rate': -0.02}, 1, 'muon_learning_rate must be 0 or more, got -0.02'),
 ])
 def test_check_config_refuses_with_one_line(overrides, world_size, message):
-    config = {**CONFIG, 'parallelism': 'ddp', 'gradient_accumulation_steps': 1, 'grad_clip': 1.0,
+    config = {**MUON, 'parallelism': 'ddp', 'gradient_accumulation_steps': 1, 'grad_clip': 1.0,
               'dtype': 'float32', 'weight_dtype': 'float32', **overrides}
     with pytest.raises(ConfigError) as error:
         optim.check_config(config, world_size)
@@ -162,22 +125,18 @@ def test_estimate_memory_reports_muon(weighty):
     assert "Muon for the blocks' matrices, fused AdamW for the rest" in text
 
 
-def train(data_dir, out_dir, *args):
-    return run_script('train.py', *TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--optim=muon', *args)
-
-
 @pytest.mark.slow
 def test_train_resumes_exactly_and_refuses_another_optim(data_dir, tmp_path):
     """With accumulation and clipping; the checkpoint at iter 6 is written before iter 6's step."""
     out, args = tmp_path / 'out', ['--max_iters=6', '--eval_interval=3', '--gradient_accumulation_steps=2']
-    first = train(data_dir, out, *args)
+    first = train(data_dir, out, '--optim=muon', *args)
     assert first.returncode == 0, first.stderr
     losses = logged_losses(first.stdout)
     assert losses[6] < losses[0]
-    resumed = train(data_dir, out, *args, '--init_from=resume')
+    resumed = train(data_dir, out, '--optim=muon', *args, '--init_from=resume')
     assert resumed.returncode == 0, resumed.stderr
     assert logged_losses(resumed.stdout) == {6: losses[6]}
-    other = train(data_dir, out, *args, '--init_from=resume', '--optim=adamw')
+    other = train(data_dir, out, '--optim=muon', *args, '--init_from=resume', '--optim=adamw')
     assert other.returncode == 2
     assert other.stderr.strip().splitlines() == [f"error: {out / 'ckpt.pt'} holds the state of optim='muon', not "
                                                  f"optim='adamw': resume with --optim=muon"]
@@ -186,8 +145,8 @@ def test_train_resumes_exactly_and_refuses_another_optim(data_dir, tmp_path):
 @pytest.mark.slow
 def test_train_under_compile_as_eager(data_dir, tmp_path):
     args = ['--max_iters=4', '--eval_interval=4']
-    eager = train(data_dir, tmp_path / 'eager', *args)
-    compiled = train(data_dir, tmp_path / 'compiled', *args, '--compile=True')
+    eager = train(data_dir, tmp_path / 'eager', '--optim=muon', *args)
+    compiled = train(data_dir, tmp_path / 'compiled', '--optim=muon', *args, '--compile=True')
     assert eager.returncode == 0 and compiled.returncode == 0, compiled.stderr
     assert logged_losses(compiled.stdout) == pytest.approx(logged_losses(eager.stdout), rel=1e-4)
 
@@ -239,10 +198,8 @@ def test_bench_optim_prints_both_curves_and_the_state_bytes(data_dir):
 
 
 def test_untied_head_and_embeddings_get_their_own_learning_rates_and_momentum_warms_up():
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=96, bias=True, dropout=0.0,
-                          pos_emb='rope', tie_weights=False))
-    config = {**CONFIG, 'embedding_learning_rate': 0.3, 'head_learning_rate': 0.004, 'muon_momentum_warmup_iters': 4}
+    model = tiny_gpt(n_embd=64, vocab_size=96, bias=True, pos_emb='rope', tie_weights=False)
+    config = {**MUON, 'embedding_learning_rate': 0.3, 'head_learning_rate': 0.004, 'muon_momentum_warmup_iters': 4}
     optimizer = optim.build_optimizer(model, config, 'cpu')
     names = {p: name for name, p in model.named_parameters()}
     muon, embedding, head, no_decay = optimizer.param_groups
@@ -252,7 +209,7 @@ def test_untied_head_and_embeddings_get_their_own_learning_rates_and_momentum_wa
     assert [optim.group_lr(group, 5e-4, config) for group in optimizer.param_groups] == pytest.approx(
         [0.01, 0.15, 0.002, 5e-4])
     assert [optim.muon_momentum_at(it, config) for it in (0, 2, 4, 100)] == pytest.approx([0.85, 0.9, 0.95, 0.95])
-    assert optim.muon_momentum_at(0, CONFIG) == 0.95  # no warmup: muon_momentum from the start
+    assert optim.muon_momentum_at(0, MUON) == 0.95  # no warmup: muon_momentum from the start
     # unset (0), each group follows learning_rate, as before the keys existed
-    assert [optim.group_lr(group, 5e-4, CONFIG) for group in optimizer.param_groups] == pytest.approx(
+    assert [optim.group_lr(group, 5e-4, MUON) for group in optimizer.param_groups] == pytest.approx(
         [0.01, 5e-4, 5e-4, 5e-4])

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from helpers import TINY_ARGS, logged_losses, run_script
+from helpers import logged_losses, run_script, tiny_gpt, train, train_steps
 from model import GPT, GPTConfig
 from training import optim
 from training.errors import ConfigError
@@ -20,34 +20,26 @@ needs_torchao = pytest.mark.skipif(importlib.util.find_spec('torchao') is None,
 LOW_MEMORY = ['adamw_bf16', pytest.param('adamw_8bit', marks=needs_torchao)]
 
 
-def tiny_gpt(optim_name='adamw', in_backward=False, lr=1e-2):
-    """A 2-layer GPT whose weight matrices all have >= 4096 elements (torchao quantizes those), and its optimizer."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=96, bias=False, dropout=0.0))
-    optimizer = model.configure_optimizers(0.1, lr, (0.9, 0.95), 'cpu', optim.optimizer_class(optim_name))
-    return model, optim.OptimizerInBackward(optimizer) if in_backward else optimizer
+OPTIMIZER = dict(learning_rate=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.95, weight_dtype='float32',
+                 optimizer_in_backward=False)
+MUON = dict(OPTIMIZER, optim='muon', learning_rate=1e-3, muon_learning_rate=0.02, muon_momentum=0.95)
 
 
-def train_steps(model, optimizer, steps, lr=1e-2):
-    """train.py's step (no accumulation, no clipping) on one fixed batch, with a changing learning rate."""
-    generator = torch.Generator().manual_seed(1)
-    x, y = (torch.randint(96, (4, 16), generator=generator) for _ in range(2))
-    losses = []
-    for step in range(steps):
-        for group in optimizer.param_groups:
-            group['lr'] = lr * (step + 1) / steps
-        _, loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+def gpt_and_optimizer(optim_name='adamw', in_backward=False):
+    """A 2-layer GPT whose weight matrices all have >= 4096 elements (torchao quantizes those), and train.py's
+    optimizer of it; with biases under Muon, so the blocks hold 1-D parameters too."""
+    model = tiny_gpt(n_embd=64, vocab_size=96, bias=optim_name == 'muon')
+    config = {**(MUON if optim_name == 'muon' else OPTIMIZER), 'optim': optim_name, 'optimizer_in_backward': in_backward}
+    return model, optim.build_optimizer(model, config, 'cpu')
 
 
-def test_in_backward_step_gives_the_standard_loops_parameters():
-    standard_model, standard = tiny_gpt()
-    fused_model, fused = tiny_gpt(in_backward=True)
-    assert train_steps(standard_model, standard, 4) == train_steps(fused_model, fused, 4)
+@pytest.mark.parametrize('optim_name', ['adamw', 'muon'])
+def test_in_backward_step_gives_the_standard_loops_parameters(optim_name):
+    """Muon too: it orthogonalizes each matrix on its own, so stepping each parameter as backward finishes it is
+    exact."""
+    standard_model, standard = gpt_and_optimizer(optim_name)
+    fused_model, fused = gpt_and_optimizer(optim_name, in_backward=True)
+    assert train_steps(standard_model, [standard], 4) == train_steps(fused_model, [fused], 4)
     for a, b in zip(standard_model.parameters(), fused_model.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
     # the checkpoint's optimizer state has the standard optimizer's layout and values, and loads either way
@@ -57,8 +49,8 @@ def test_in_backward_step_gives_the_standard_loops_parameters():
     for index, state in expected['state'].items():
         for key, value in state.items():
             torch.testing.assert_close(saved['state'][index][key], value, rtol=0, atol=1e-7)
-    tiny_gpt()[1].load_state_dict(saved)
-    tiny_gpt(in_backward=True)[1].load_state_dict(expected)
+    gpt_and_optimizer(optim_name)[1].load_state_dict(saved)
+    gpt_and_optimizer(optim_name, in_backward=True)[1].load_state_dict(expected)
 
 
 def moment_bytes(optimizer):
@@ -68,9 +60,9 @@ def moment_bytes(optimizer):
 
 @pytest.mark.parametrize('optim_name', LOW_MEMORY)
 def test_low_memory_optimizers_train_like_adamw_with_smaller_state(optim_name):
-    adamw_model, adamw = tiny_gpt()
-    model, optimizer = tiny_gpt(optim_name)
-    reference, losses = train_steps(adamw_model, adamw, 20), train_steps(model, optimizer, 20)
+    adamw_model, adamw = gpt_and_optimizer()
+    model, optimizer = gpt_and_optimizer(optim_name)
+    reference, losses = train_steps(adamw_model, [adamw], 20), train_steps(model, [optimizer], 20)
     assert losses[-1] < 0.5 * losses[0]
     assert losses[-1] == pytest.approx(reference[-1], rel=0.1, abs=0.05)
     params = list(model.parameters())
@@ -155,10 +147,6 @@ def test_missing_torchao_names_the_install(monkeypatch):
         optim.require('adamw_8bit')
 
 
-def train(data_dir, out_dir, *args):
-    return run_script('train.py', *TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args)
-
-
 @pytest.mark.slow
 def test_in_backward_under_compile_trains_as_eager(data_dir, tmp_path):
     """The steps run in gradient hooks, outside the compiled graph: torch.compile must not skip or repeat them."""
@@ -235,10 +223,10 @@ def _rounded(x):
 
 
 def test_sliced_adamw_on_fp32_weights_is_torchs_adamw():
-    reference_model, reference = tiny_gpt()
-    model, _ = tiny_gpt()
+    reference_model, reference = gpt_and_optimizer()
+    model, _ = gpt_and_optimizer()
     sliced = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu', optim.SlicedAdamW)
-    assert train_steps(model, sliced, 5) == pytest.approx(train_steps(reference_model, reference, 5), abs=1e-6)
+    assert train_steps(model, [sliced], 5) == pytest.approx(train_steps(reference_model, [reference], 5), abs=1e-6)
     for a, b in zip(model.parameters(), reference_model.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
@@ -285,9 +273,9 @@ def test_weight_dtype_refusals(weighty, overrides, message):
 
 def test_loaded_moments_keep_their_dtype():
     """torch's load_state_dict casts moments to the parameters' dtype: bf16 moments would double after a resume."""
-    model, optimizer = tiny_gpt('adamw_bf16')
-    train_steps(model, optimizer, 1)
-    fresh_model, fresh = tiny_gpt('adamw_bf16')
+    model, optimizer = gpt_and_optimizer('adamw_bf16')
+    train_steps(model, [optimizer], 1)
+    fresh_model, fresh = gpt_and_optimizer('adamw_bf16')
     fresh.load_state_dict(optimizer.state_dict())
     assert {t.dtype for state in fresh.state.values() for t in state.values() if t.dim()} == {torch.bfloat16}
 

@@ -12,16 +12,12 @@ import time
 import pytest
 import torch
 
-from helpers import (MODERN_ARCH_ARGS, PARALLEL_ARGS as ARGS, ROOT, assert_same_losses, logged_losses, run_script,
+from helpers import (MODERN_ARCH_ARGS, PARALLEL_ARGS as ARGS, ROOT, assert_same_losses, load, logged_losses, run_script,
                      torchrun, write_char_dataset)
 
 pytestmark = pytest.mark.slow  # every test here runs train.py, most under torchrun
 MODES = ('ddp', 'zero1', 'fsdp')
 # one micro-batch per process per iteration at world size 2, two in one process: the same global batch
-
-
-def load(out_dir):
-    return torch.load(out_dir / 'ckpt.pt', weights_only=True)
 
 
 @pytest.fixture(scope='module')

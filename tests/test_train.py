@@ -13,18 +13,10 @@ import time
 import pytest
 import torch
 
-from helpers import (MODERN_ARCH_ARGS, MODERN_RECIPE_ARGS, ROOT, TEXT, TINY_ARGS, logged_losses, patched_env,
-                     run_script, write_char_dataset)
+from helpers import (MODERN_ARCH_ARGS, MODERN_RECIPE_ARGS, ROOT, TEXT, TINY_ARGS, load, logged_losses, patched_env,
+                     train, write_char_dataset)
 
 pytestmark = pytest.mark.slow  # every test here runs train.py
-
-
-def train(data_dir, out_dir, *args, env=None):
-    return run_script('train.py', *TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args, env=env)
-
-
-def load(out_dir):
-    return torch.load(out_dir / 'ckpt.pt', weights_only=True)
 
 
 def same_weights(a, b):
