@@ -1,4 +1,4 @@
-"""configurator.py: nanoGPT's config files and --key=value overrides, train.py's defaults, and one-line errors."""
+"""configurator.py: nanoGPT's config files and --key=value overrides, train.py's defaults, --help, and one-line errors."""
 import subprocess
 import sys
 
@@ -8,8 +8,8 @@ import torch
 import configurator
 from configurator import load_config
 from helpers import ROOT
-from training.device import check_device
 from training.errors import ConfigError
+
 
 DEFAULTS = {'batch_size': 12, 'learning_rate': 6e-4, 'compile': True, 'dataset': 'openwebtext',
             'wandb_run_name': 'gpt2', 'top_k': None}
@@ -144,20 +144,3 @@ def test_every_key_of_the_tools_help_has_a_description(script):
         assert list(keys)[:len(own)] == own
         assert set(keys) == set(estimate_memory.estimator_defaults())
         assert 'exit status: 0 the config fits, 1 it does not (training or evaluation), 2 bad input' in text
-
-
-@pytest.mark.parametrize('device, dtype, match', [
-    ('cpu', 'float8', "unknown dtype 'float8'"),
-    ('tpu', 'float32', "device 'tpu'"),
-    ('cpu', 'float16', 'float16 needs CUDA'),
-])
-def test_check_device_errors(device, dtype, match):
-    with pytest.raises(ConfigError, match=match):
-        check_device(device, dtype)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason='needs a machine without CUDA')
-def test_check_device_without_cuda():
-    with pytest.raises(ConfigError, match='CUDA is not available'):
-        check_device('cuda', 'float32')
-    assert check_device('cpu', 'bfloat16') == 'cpu'  # bf16 autocast on cpu, when asked

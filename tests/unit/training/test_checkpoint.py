@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from helpers import tiny_gpt
-
 from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
 

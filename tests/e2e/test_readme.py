@@ -16,12 +16,13 @@ import torch
 
 from helpers import ROOT, TEXT, patched_env
 
-pytestmark = pytest.mark.slow  # each command is a real run
 
 # what a command that would run long or reach the network gets appended, by its script
 TINY_MODEL = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=2', '--max_iters=2',
               '--eval_interval=2', '--eval_iters=1', '--log_interval=1', '--device=cpu', '--compile=False',
               '--dtype=float32', '--always_save_checkpoint=True']  # 2 iterations may not improve val
+
+
 APPENDED = {
     'prepare/shakespeare_char.py': ['--input', 'input.txt'],
     'prepare/shakespeare.py': ['--input', 'input.txt'],
@@ -36,9 +37,15 @@ APPENDED = {
     'hellaswag.py': ['--device=cpu', '--dtype=float32', '--max_examples=3'],
     'estimate_memory.py': [],
 }
+
+
 # installs need the network (the tests run in the environment they set up), and the tests cannot run themselves
 SKIPPED = ('pip ', 'python -m pytest ')
+
+
 CUDA_ONLY = ('--find_batch_size=True',)  # tries micro-batches until the GPU runs out of memory: refused on a CPU
+
+
 # Stand-ins, in every process: GPT-2's BPE is a tiny byte-level BPE, and OpenAI's weights are random GPT-2s of a tiny
 # shape, built by transformers from its config, as GPT2LMHeadModel.from_pretrained would load them.
 STAND_INS = """

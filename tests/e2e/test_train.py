@@ -16,8 +16,6 @@ import torch
 from helpers import (MODERN_ARCH_ARGS, MODERN_RECIPE_ARGS, ROOT, TEXT, TINY_ARGS, load, logged_losses, patched_env,
                      train, write_char_dataset)
 
-pytestmark = pytest.mark.slow  # every test here runs train.py
-
 
 def same_weights(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -413,4 +411,3 @@ def test_bad_input_fails_with_one_line_and_writes_nothing(bad_runs, name):
     assert stderr.startswith('error: ') and stderr.count('\n') == 1, stderr
     assert BAD_INPUTS[name][2] in stderr
     assert after == before  # no directory created, no file written or changed
-

@@ -1,27 +1,31 @@
-"""optim.py: the optimizer step fused into backward gives the standard loop's parameters; AdamW with bf16 moments and
-torchao's 8-bit AdamW train a tiny GPT like AdamW with the state they promise; estimate_memory.py shows each lever;
-train.py refuses what optimizer_in_backward cannot honour, runs it under torch.compile as in eager, and trains and
-resumes exactly with each lever."""
+"""training/optim.py: the optimizer fused into backward gives the standard loop's parameters; AdamW with bf16
+moments and torchao's 8-bit AdamW train like AdamW with the state they promise; bf16 weights round stochastically;
+optim='muon' (torch's Muon on the blocks' matrices, AdamW on the rest) steps as torch's two optimizers and resumes
+exactly; the checks refuse what cannot run with one line."""
 import importlib.util
+import io
 import sys
 
 import pytest
 import torch
 
-from helpers import logged_losses, run_script, tiny_gpt, train, train_steps
-from model import GPT, GPTConfig
+from helpers import tiny_gpt, train_steps
 from training import optim
 from training.errors import ConfigError
-from training.memory import estimate as em
 from training.memory.tracer import inner_tensors
+
 
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec('torchao') is None,
                                    reason='adamw_8bit needs torchao: pip install -r requirements-dev.txt')
+
+
 LOW_MEMORY = ['adamw_bf16', pytest.param('adamw_8bit', marks=needs_torchao)]
 
 
 OPTIMIZER = dict(learning_rate=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.95, weight_dtype='float32',
                  optimizer_in_backward=False)
+
+
 MUON = dict(OPTIMIZER, optim='muon', learning_rate=1e-3, muon_learning_rate=0.02, muon_momentum=0.95)
 
 
@@ -73,25 +77,6 @@ def test_low_memory_optimizers_train_like_adamw_with_smaller_state(optim_name):
         small = [p.numel() for p in params if not (p.numel() >= 4096 and p.numel() % 256 == 0)]
         assert moment_bytes(optimizer) == sum(2 * (n + 4 * n // 256 + 4 * 256) for n in quantized) + 8 * sum(small)
         assert moment_bytes(optimizer) < 0.3 * moment_bytes(adamw)
-
-
-@needs_torchao
-def test_estimator_reflects_each_lever(weighty, monkeypatch):
-    # the non-fused steps' temporaries are one chunk's: small chunks keep them small beside this model's state
-    monkeypatch.setattr(optim, 'CHUNK_ELEMENTS', 2 ** 14)
-    def traced(**overrides):
-        return em.trace({**weighty, **overrides}, evaluate=False)['train']
-    adamw, bf16, int8 = (traced(optim=name) for name in ('adamw', 'adamw_bf16', 'adamw_8bit'))
-    state = adamw['breakdown']['optimizer_state']
-    assert bf16['breakdown']['optimizer_state'] == pytest.approx(state / 2, rel=0.01)
-    assert int8['breakdown']['optimizer_state'] < 0.3 * state
-    assert adamw['peak_bytes'] > bf16['peak_bytes'] > int8['peak_bytes']
-    # in backward: the gradients of all parameters never exist at once
-    fused = traced(optimizer_in_backward=True)
-    assert fused['breakdown']['gradients'] < adamw['breakdown']['gradients'] / 4
-    assert fused['peak_bytes'] < adamw['peak_bytes'] - adamw['breakdown']['gradients'] / 2
-    with pytest.raises(ConfigError, match='gradient_accumulation_steps=2'):
-        em.check_config({**weighty, 'optimizer_in_backward': True, 'gradient_accumulation_steps': 2})
 
 
 @pytest.mark.parametrize('overrides, message', [
@@ -147,60 +132,6 @@ def test_missing_torchao_names_the_install(monkeypatch):
         optim.require('adamw_8bit')
 
 
-@pytest.mark.slow
-def test_in_backward_under_compile_trains_as_eager(data_dir, tmp_path):
-    """The steps run in gradient hooks, outside the compiled graph: torch.compile must not skip or repeat them."""
-    args = ['--max_iters=4', '--eval_interval=4', '--optimizer_in_backward=True', '--grad_clip=0']
-    eager = train(data_dir, tmp_path / 'eager', *args)
-    compiled = train(data_dir, tmp_path / 'compiled', *args, '--compile=True')
-    assert eager.returncode == 0 and compiled.returncode == 0, compiled.stderr
-    eager_losses, compiled_losses = logged_losses(eager.stdout), logged_losses(compiled.stdout)
-    assert eager_losses.keys() == compiled_losses.keys() == set(range(5))
-    assert compiled_losses == pytest.approx(eager_losses, rel=1e-4)  # inductor may order float sums differently
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize('args, key', [
-    (['--optimizer_in_backward=True', '--grad_clip=0', '--gradient_accumulation_steps=2'],
-     'gradient_accumulation_steps=2'),
-    (['--optimizer_in_backward=True'], 'grad_clip=1.0'),
-])
-def test_train_refuses_what_in_backward_cannot_honour(data_dir, tmp_path, args, key):
-    result = train(data_dir, tmp_path / 'out', '--max_iters=2', *args)
-    assert result.returncode == 2 and not (tmp_path / 'out').exists()
-    [error] = result.stderr.strip().splitlines()
-    assert error.startswith('error: optimizer_in_backward=True') and key in error
-
-
-BF16_WEIGHTS = ['--dtype=bfloat16', '--weight_dtype=bfloat16']
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize('levers', [['--optim=adamw_bf16', '--optimizer_in_backward=True', '--grad_clip=0'],
-                                    pytest.param(['--optim=adamw_8bit'], marks=needs_torchao),
-                                    BF16_WEIGHTS,
-                                    pytest.param([*BF16_WEIGHTS, '--optim=adamw_8bit', '--optimizer_in_backward=True',
-                                                  '--grad_clip=0'], marks=needs_torchao)])
-def test_train_and_resume_with_each_lever(data_dir, tmp_path, levers):
-    """The checkpoint at iter 6 is written before iter 6's step: the resumed run's iter 6 repeats it exactly."""
-    out = tmp_path / 'out'
-    first = train(data_dir, out, '--max_iters=6', '--eval_interval=3', *levers)
-    assert first.returncode == 0, first.stderr
-    assert 'Failed to load' not in first.stderr  # torchao's warnings about compiled extensions it does not need
-    losses = logged_losses(first.stdout)
-    assert losses[6] < losses[0]
-    resumed = train(data_dir, out, '--max_iters=6', '--eval_interval=3', '--init_from=resume', *levers)
-    assert resumed.returncode == 0, resumed.stderr
-    assert logged_losses(resumed.stdout) == {6: losses[6]}
-    weights = torch.load(out / 'ckpt.pt', weights_only=True)['model']
-    assert {v.dtype for v in weights.values()} == {torch.bfloat16 if BF16_WEIGHTS[1] in levers else torch.float32}
-    nanogpt_model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=34, bias=False))
-    nanogpt_model.load_state_dict(weights)  # as nanoGPT's sample.py loads it, into fp32 weights
-    if '--optimizer_in_backward=True' in levers[:2]:  # resuming with the other optimizer is refused by name
-        other = train(data_dir, out, '--max_iters=6', '--init_from=resume', '--optim=adamw', *levers[1:])
-        assert other.returncode == 2 and "--optim=adamw_bf16" in other.stderr.strip().splitlines()[-1]
-
-
 # -----------------------------------------------------------------------------
 # bf16 weights (weight_dtype='bfloat16'): no fp32 copy, every update rounded stochastically
 
@@ -249,28 +180,6 @@ def test_a_bf16_weight_update_lands_on_a_neighbour_of_the_fp32_update():
     assert (bf16.float() != nearest).any() and (bf16.float() == nearest).any()  # rounded both ways, not to nearest
 
 
-def test_bf16_weights_halve_weights_and_gradients_in_the_estimate(weighty):
-    def traced(**overrides):
-        return em.trace({**weighty, 'dtype': 'bfloat16', **overrides}, evaluate=False)['train']['breakdown']
-    fp32, bf16 = traced(), traced(weight_dtype='bfloat16')
-    assert bf16['parameters'] == pytest.approx(fp32['parameters'] / 2, rel=0.01)
-    # half, where the peak may catch the tied embedding's two gradient contributions (embedding and loss) together
-    embedding = 256 * 256 * 2
-    assert fp32['gradients'] / 2 * 0.99 <= bf16['gradients'] <= fp32['gradients'] / 2 + embedding
-    assert bf16['optimizer_state'] == fp32['optimizer_state']  # fp32 moments still
-    assert bf16['weight_copies'] == 0  # no cast needed: the weights are bf16 already
-
-
-@pytest.mark.parametrize('overrides, message', [
-    ({'dtype': 'float32'}, "weight_dtype='bfloat16' trains in bf16, not dtype='float32'"),
-    ({'optim': 'muon'}, "torch's Muon does not do"),
-    ({'weight_dtype': 'float16'}, "unknown weight_dtype 'float16'"),
-])
-def test_weight_dtype_refusals(weighty, overrides, message):
-    with pytest.raises(ConfigError, match=message):
-        em.check_config({**weighty, 'dtype': 'bfloat16', 'weight_dtype': 'bfloat16', **overrides})
-
-
 def test_loaded_moments_keep_their_dtype():
     """torch's load_state_dict casts moments to the parameters' dtype: bf16 moments would double after a resume."""
     model, optimizer = gpt_and_optimizer('adamw_bf16')
@@ -280,20 +189,99 @@ def test_loaded_moments_keep_their_dtype():
     assert {t.dtype for state in fresh.state.values() for t in state.values() if t.dim()} == {torch.bfloat16}
 
 
-@pytest.mark.slow
-def test_bench_optim_compares_weight_precisions_and_the_autocast_cache(data_dir):
-    """The same initial loss for every run; autocast's cache changes no loss; torch's AdamW on bf16 weights (rounding
-    to nearest) keeps its moments in bf16, bf16_weights in fp32."""
-    runs = ['adamw', 'bf16_weights', 'bf16_nearest', 'autocast_cache']
-    result = run_script('bench_optim.py', f'--data_dir={data_dir}', '--dataset=tiny_char', '--n_layer=1',
-                        '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4', '--max_iters=4',
-                        '--eval_interval=2', '--eval_iters=2', '--lr_decay_iters=4', '--warmup_iters=1',
-                        '--dtype=bfloat16', '--activation_checkpointing=True', f"--runs={','.join(runs)}")
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.split() == ['step', *runs])
-    rows = [line.split()[1:] for line in lines[header + 1:header + 4]]
-    assert len(set(rows[0])) == 1 and all(row[0] == row[3] for row in rows)
-    state = {line.split(':')[0]: int(line.split('optimizer state ')[1].split(' ')[0].replace(',', ''))
-             for line in lines[header + 4:]}
-    assert state['bf16_weights'] == state['adamw'] and state['bf16_nearest'] < 0.6 * state['adamw']
+BLOCK_MATRICES = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+
+
+def assert_same_parameters(a, b):
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_muon_groups_hold_exactly_the_blocks_matrices():
+    model, optimizer = gpt_and_optimizer('muon')
+    names = {p: name for name, p in model.named_parameters()}
+    [muon] = [group for group in optimizer.param_groups if group['muon']]
+    assert sorted(names[p] for p in muon['params']) == sorted(f'transformer.h.{i}.{name}' for i in range(2)
+                                                              for name in BLOCK_MATRICES)
+    assert (muon['lr'], muon['momentum'], muon['weight_decay']) == (0.02, 0.95, 0.1)
+    decay, no_decay = [group for group in optimizer.param_groups if not group['muon']]
+    # the tied token embedding (lm_head) and the position embedding: AdamW, decayed as nanoGPT's 2-D tensors
+    assert sorted(names[p] for p in decay['params']) == ['transformer.wpe.weight', 'transformer.wte.weight']
+    assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
+    assert all(p.dim() == 1 for p in no_decay['params'])  # LayerNorms and biases, blocks' included
+    assert len(muon['params']) + len(decay['params']) + len(no_decay['params']) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize('scaled', [False, True])
+def test_steps_equal_torchs_muon_and_adamw_on_the_same_groups(scaled):
+    """Also through GradScaler (fp16's; its power-of-two scale unscales exactly), which steps it as any optimizer."""
+    model, optimizer = gpt_and_optimizer('muon')
+    reference, _ = gpt_and_optimizer('muon')
+    groups = optim.muon_param_groups(reference, MUON)
+    muon = torch.optim.Muon(groups[:1], lr=0.02, momentum=0.95)
+    adamw = torch.optim.AdamW(groups[1:], lr=1e-3, betas=(0.9, 0.95))
+    scalers = [torch.amp.GradScaler('cpu') if scaled else None for _ in range(2)]
+    train_steps(model, [optimizer], 3, scaler=scalers[0])
+    train_steps(reference, [muon, adamw], 3, scaler=scalers[1])
+    assert_same_parameters(model, reference)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        expected = (muon.state if q in muon.state else adamw.state)[q]
+        assert optimizer.state[p].keys() == expected.keys()
+        assert all(torch.equal(optimizer.state[p][k], v) for k, v in expected.items())
+
+
+def test_state_dict_resumes_exactly():
+    """Torch's layout, both optimizers' state in one dict (Muon's momentum for the matrices, AdamW's moments for the
+    rest), through torch.save and a weights_only load as train.py's checkpoint; the resumed steps repeat."""
+    model, optimizer = gpt_and_optimizer('muon')
+    train_steps(model, [optimizer], 2)
+    buffer = io.BytesIO()
+    torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, buffer)
+    train_steps(model, [optimizer], 3, first=2)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    kinds = {frozenset(state) for state in saved['optimizer']['state'].values()}
+    assert kinds == {frozenset(['momentum_buffer']), frozenset(['step', 'exp_avg', 'exp_avg_sq'])}
+    resumed, resumed_optimizer = gpt_and_optimizer('muon')
+    resumed.load_state_dict(saved['model'])
+    resumed_optimizer.load_state_dict(saved['optimizer'])
+    train_steps(resumed, [resumed_optimizer], 3, first=2)
+    assert_same_parameters(resumed, model)
+
+
+def test_torch_without_muon_is_one_line(monkeypatch):
+    monkeypatch.delattr(torch.optim, 'Muon')
+    with pytest.raises(ConfigError, match=r"optim='muon' needs torch.optim.Muon, new in torch 2.9"):
+        optim.require('muon')
+
+
+@pytest.mark.parametrize('overrides, world_size, message', [
+    ({'parallelism': 'fsdp'}, 2, "optim='muon' orthogonalizes each whole weight matrix"),
+    ({'muon_momentum': 1.0}, 1, 'muon_momentum must be in [0, 1)'),
+    ({'muon_learning_rate': -0.02}, 1, 'muon_learning_rate must be 0 or more, got -0.02'),
+])
+def test_check_config_refuses_with_one_line(overrides, world_size, message):
+    config = {**MUON, 'parallelism': 'ddp', 'gradient_accumulation_steps': 1, 'grad_clip': 1.0,
+              'dtype': 'float32', 'weight_dtype': 'float32', **overrides}
+    with pytest.raises(ConfigError) as error:
+        optim.check_config(config, world_size)
+    assert message in str(error.value) and '\n' not in str(error.value)
+    optim.check_config({**config, 'parallelism': 'fsdp', 'muon_learning_rate': 0.02, 'muon_momentum': 0.95}, 1)
+
+
+def test_untied_head_and_embeddings_get_their_own_learning_rates_and_momentum_warms_up():
+    model = tiny_gpt(n_embd=64, vocab_size=96, bias=True, pos_emb='rope', tie_weights=False)
+    config = {**MUON, 'embedding_learning_rate': 0.3, 'head_learning_rate': 0.004, 'muon_momentum_warmup_iters': 4}
+    optimizer = optim.build_optimizer(model, config, 'cpu')
+    names = {p: name for name, p in model.named_parameters()}
+    muon, embedding, head, no_decay = optimizer.param_groups
+    assert [names[p] for p in embedding['params']] == ['transformer.wte.weight']
+    assert [names[p] for p in head['params']] == ['lm_head.weight'] and head['weight_decay'] == 0.1
+    # train.py's scheduled learning_rate at half its peak: every group at half of its own peak
+    assert [optim.group_lr(group, 5e-4, config) for group in optimizer.param_groups] == pytest.approx(
+        [0.01, 0.15, 0.002, 5e-4])
+    assert [optim.muon_momentum_at(it, config) for it in (0, 2, 4, 100)] == pytest.approx([0.85, 0.9, 0.95, 0.95])
+    assert optim.muon_momentum_at(0, MUON) == 0.95  # no warmup: muon_momentum from the start
+    # unset (0), each group follows learning_rate, as before the keys existed
+    assert [optim.group_lr(group, 5e-4, MUON) for group in optimizer.param_groups] == pytest.approx(
+        [0.01, 5e-4, 5e-4, 5e-4])

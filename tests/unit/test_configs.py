@@ -7,6 +7,7 @@ import configurator
 from helpers import ROOT
 from training import rules
 
+
 CONFIG_FILES = sorted((ROOT / 'config').glob('*.py'))
 
 
