@@ -1,5 +1,6 @@
 """Shared by the tests: a tiny character dataset in nanoGPT's format, a tiny GPT and train.py's step on it, the
-arguments of a tiny model, a subprocess runner, a parser of train.py's log lines, and a tiny stand-in for GPT-2's BPE."""
+arguments of a tiny model, subprocess runners, a parser of train.py's log lines, and a tiny stand-in for GPT-2's
+BPE."""
 import hashlib
 import os
 import pickle

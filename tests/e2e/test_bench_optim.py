@@ -1,12 +1,12 @@
 """bench_optim.py on the tiny character set: its curves and optimizer state bytes."""
-
 from helpers import run_script
 
 
-def test_bench_optim_compares_weight_precisions_and_the_autocast_cache(data_dir):
+def test_bench_optim_compares_optimizers_weight_precisions_and_the_autocast_cache(data_dir):
     """The same initial loss for every run; autocast's cache changes no loss; torch's AdamW on bf16 weights (rounding
-    to nearest) keeps its moments in bf16, bf16_weights in fp32."""
-    runs = ['adamw', 'bf16_weights', 'bf16_nearest', 'autocast_cache']
+    to nearest) keeps its moments in bf16, bf16_weights in fp32; Muon's state for the blocks' matrices is half of
+    AdamW's (the step counters aside)."""
+    runs = ['adamw', 'muon', 'bf16_weights', 'bf16_nearest', 'autocast_cache']
     result = run_script('bench_optim.py', f'--data_dir={data_dir}', '--dataset=tiny_char', '--n_layer=1',
                         '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4', '--max_iters=4',
                         '--eval_interval=2', '--eval_iters=2', '--lr_decay_iters=4', '--warmup_iters=1',
@@ -14,25 +14,13 @@ def test_bench_optim_compares_weight_precisions_and_the_autocast_cache(data_dir)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split() == ['step', *runs])
-    rows = [line.split()[1:] for line in lines[header + 1:header + 4]]
-    assert len(set(rows[0])) == 1 and all(row[0] == row[3] for row in rows)
-    state = {line.split(':')[0]: int(line.split('optimizer state ')[1].split(' ')[0].replace(',', ''))
-             for line in lines[header + 4:]}
-    assert state['bf16_weights'] == state['adamw'] and state['bf16_nearest'] < 0.6 * state['adamw']
-
-
-def test_bench_optim_prints_both_curves_and_the_state_bytes(data_dir):
-    """bench_optim.py on the tiny character set, a few steps: both curves from the same initial loss, and Muon's
-    state for the blocks' matrices half of AdamW's (the step counters aside)."""
-    result = run_script('bench_optim.py', f'--data_dir={data_dir}', '--dataset=tiny_char', '--n_layer=1',
-                        '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4', '--max_iters=4',
-                        '--eval_interval=2', '--eval_iters=2', '--lr_decay_iters=4', '--warmup_iters=1')
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    header = lines.index('step         adamw        muon')
     rows = [line.split() for line in lines[header + 1:header + 4]]
-    assert [row[0] for row in rows] == ['0', '2', '4'] and rows[0][1] == rows[0][2]
+    assert [row[0] for row in rows] == ['0', '2', '4'] and len(set(rows[0][1:])) == 1
+    assert all(row[1 + runs.index('autocast_cache')] == row[1] for row in rows)
     state = {line.split(':')[0]: line for line in lines[header + 4:]}
+    total = {name: int(text.split('optimizer state ')[1].split(' ')[0].replace(',', ''))
+             for name, text in state.items()}
     matrix_bytes = {name: int(text.split("blocks' matrices ")[1].split(' ')[0].replace(',', ''))
                     for name, text in state.items()}
+    assert total['bf16_weights'] == total['adamw'] and total['bf16_nearest'] < 0.6 * total['adamw']
     assert matrix_bytes['adamw'] == 2 * matrix_bytes['muon'] + 4 * 4  # AdamW's 4 scalar step counters

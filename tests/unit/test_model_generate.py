@@ -1,10 +1,10 @@
 """GPT.generate with its KV cache: the tokens of nanoGPT's generate, greedy and sampled, across block_size, while each
 position within block_size runs through the model once."""
-import model as model_lib
 import pytest
 import torch
 from torch.nn import functional as F
 
+import model as model_lib
 from helpers import tiny_gpt
 from model import KVCache
 

@@ -4,11 +4,11 @@ logit soft-capping in the chunked loss against a naive full-logits reference, fo
 import importlib.util
 import math
 
-import model as model_lib
 import pytest
 import torch
 import torch.nn.functional as F
 
+import model as model_lib
 from helpers import ROOT
 from model import GPT, GPTConfig, LayerNorm, apply_rotary, chunked_cross_entropy, rotary_cos_sin
 

@@ -75,8 +75,10 @@ def test_openwebtext_missing_files_is_one_line(tmp_path):
     assert '--data_files PATH' in str(info.value) and '\n' not in str(info.value)
 
 
-def test_default_num_proc_is_about_half_the_cores():
-    assert openwebtext.default_num_proc() == max(1, (os.cpu_count() or 1) // 2)
+@pytest.mark.parametrize('cores, processes', [(16, 8), (3, 1), (1, 1), (None, 1)])
+def test_default_num_proc_is_about_half_the_cores(monkeypatch, cores, processes):
+    monkeypatch.setattr(os, 'cpu_count', lambda: cores)  # None: Python could not tell
+    assert openwebtext.default_num_proc() == processes
 
 
 def write_corpus(path, docs, fmt):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from training.device import check_device, peak_flops
+from training.device import PEAK_TFLOPS, check_device, peak_flops
 from training.errors import ConfigError
 
 
@@ -25,12 +25,18 @@ def test_check_device_without_cuda():
 
 def test_peak_flops_by_device_name(monkeypatch):
     assert peak_flops('cpu') is None
-    names = {'NVIDIA GeForce RTX 3060': 25.5e12, 'NVIDIA GeForce RTX 3060 Ti': 32.4e12,
-             'NVIDIA A100-SXM4-80GB': 312e12, 'NVIDIA A10G': 70e12, 'NVIDIA H100 PCIe': 756e12,
-             'NVIDIA H100 80GB HBM3': 989e12, 'NVIDIA L40S': 362e12, 'NVIDIA L4': 121e12}
-    for name, flops in names.items():
+    tflops = dict(PEAK_TFLOPS)
+    # names as torch reports them, and the entry each is: the most specific one that it contains
+    names = {'NVIDIA GeForce RTX 3060': 'RTX 3060', 'NVIDIA GeForce RTX 3060 Ti': 'RTX 3060 Ti',
+             'NVIDIA A100-SXM4-80GB': 'A100', 'NVIDIA A10G': 'A10G', 'NVIDIA H100 PCIe': 'H100 PCIe',
+             'NVIDIA H100 80GB HBM3': 'H100', 'NVIDIA L40S': 'L40S', 'NVIDIA L4': 'L4'}
+    for name, key in names.items():
         monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device, name=name: name)
-        assert peak_flops('cuda:0') == (flops, name)
+        assert peak_flops('cuda:0') == (tflops[key] * 1e12, name)
+    for key, value in PEAK_TFLOPS:  # no entry is hidden by a shorter one before it ('RTX 3060' in 'RTX 3060 Ti')
+        name = f'NVIDIA GeForce {key}'
+        monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device, name=name: name)
+        assert peak_flops('cuda:0') == (value * 1e12, name)
     for name in ('NVIDIA GeForce RTX 3060 Laptop GPU', 'Some Future GPU'):
         monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device, name=name: name)
         assert peak_flops('cuda') is None

@@ -33,7 +33,8 @@ def gpt_and_optimizer(optim_name='adamw', in_backward=False):
     """A 2-layer GPT whose weight matrices all have >= 4096 elements (torchao quantizes those), and train.py's
     optimizer of it; with biases under Muon, so the blocks hold 1-D parameters too."""
     model = tiny_gpt(n_embd=64, vocab_size=96, bias=optim_name == 'muon')
-    config = {**(MUON if optim_name == 'muon' else OPTIMIZER), 'optim': optim_name, 'optimizer_in_backward': in_backward}
+    config = {**(MUON if optim_name == 'muon' else OPTIMIZER), 'optim': optim_name,
+              'optimizer_in_backward': in_backward}
     return model, optim.build_optimizer(model, config, 'cpu')
 
 

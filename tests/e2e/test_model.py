@@ -1,10 +1,15 @@
-"""model.py under torch.compile: the compiled model and its compiled loss chunks compute what eager does. Slow:
-each test compiles."""
-import model as model_lib
+"""model.py in subprocesses and under torch.compile: copied alone it trains, and compiled it computes what eager
+does."""
+import os
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from helpers import tiny_gpt
+import model as model_lib
+from helpers import ROOT, tiny_gpt
 
 
 @pytest.mark.parametrize('options', [{}, dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2',
@@ -44,3 +49,24 @@ def test_softcap_compiled_chunks_match_eager():
         results.append((loss, *torch.autograd.grad(loss, (h, w))))
     for eager, compiled in zip(*results):
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_model_py_copied_alone_trains(tmp_path):
+    """nanoGPT's habit: copy model.py into another project. It needs torch and nothing of this repository, to train
+    or to generate."""
+    shutil.copy(ROOT / 'model.py', tmp_path)
+    code = ("import torch, model\n"
+            "gpt = model.GPT(model.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))\n"
+            "optimizer = gpt.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu')\n"
+            "x = torch.randint(32, (2, 8))\n"
+            "_, loss = gpt(x, x)\n"
+            "loss.backward()\n"
+            "optimizer.step()\n"
+            "print(loss.item(), gpt(x, x)[1].item())\n"
+            "assert gpt.eval().generate(x[:, :2], 10).shape == (2, 12)\n")  # with its KV cache, past block_size
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    result = subprocess.run([sys.executable, '-s', '-c', code], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    before, after = map(float, result.stdout.split()[-2:])
+    assert after < before  # one step of AdamW on the same batch lowers its loss
