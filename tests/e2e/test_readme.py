@@ -21,8 +21,6 @@ from helpers import ROOT, TEXT, patched_env
 TINY_MODEL = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=2', '--max_iters=2',
               '--eval_interval=2', '--eval_iters=1', '--log_interval=1', '--device=cpu', '--compile=False',
               '--dtype=float32', '--always_save_checkpoint=True']  # 2 iterations may not improve val
-
-
 APPENDED = {
     'prepare/shakespeare_char.py': ['--input', 'input.txt'],
     'prepare/shakespeare.py': ['--input', 'input.txt'],
@@ -41,8 +39,6 @@ APPENDED = {
 
 # installs need the network (the tests run in the environment they set up), and the tests cannot run themselves
 SKIPPED = ('pip ', 'python -m pytest ')
-
-
 CUDA_ONLY = ('--find_batch_size=True',)  # tries micro-batches until the GPU runs out of memory: refused on a CPU
 
 

@@ -13,14 +13,11 @@ import time
 import pytest
 import torch
 
-from helpers import (MODERN_ARCH_ARGS, PARALLEL_ARGS, PARALLEL_ARGS as ARGS, ROOT, TINY_ARGS, assert_same_losses,
-                     load, logged_losses, run_script, torchrun, write_char_dataset)
+from helpers import (MODERN_ARCH_ARGS, PARALLEL_ARGS as ARGS, ROOT, TINY_ARGS, assert_same_losses, load,
+                     logged_losses, run_script, torchrun, write_char_dataset)
 
 
 MODES = ('ddp', 'zero1', 'fsdp')
-
-
-# one micro-batch per process per iteration at world size 2, two in one process: the same global batch
 
 
 @pytest.fixture(scope='module')
@@ -196,7 +193,7 @@ def test_fsdp_is_refused_with_one_line(data_dir, tmp_path):
 def test_two_processes_under_ddp_and_zero1_match_one(data_dir, tmp_path):
     """The same global batch (2 micro-batches) on one process and on two; zero1's checkpoint, gathered from both
     ranks' shares, resumes in one process with the uninterrupted run's losses."""
-    args = [*PARALLEL_ARGS, f'--data_dir={data_dir}', '--optim=muon']
+    args = [*ARGS, f'--data_dir={data_dir}', '--optim=muon']
     single = run_script('train.py', *args, f'--out_dir={tmp_path / "single"}', '--max_iters=6')
     assert single.returncode == 0, single.stderr
     for mode in ('ddp', 'zero1'):

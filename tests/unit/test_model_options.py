@@ -15,8 +15,6 @@ from model import GPT, GPTConfig, LayerNorm, apply_rotary, chunked_cross_entropy
 
 MODERN = dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2', tie_weights=False, zero_init_proj=False,
               logit_softcap=3.0)
-
-
 SHAPE = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=50)
 
 

@@ -17,15 +17,11 @@ from training.memory.tracer import inner_tensors
 
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec('torchao') is None,
                                    reason='adamw_8bit needs torchao: pip install -r requirements-dev.txt')
-
-
 LOW_MEMORY = ['adamw_bf16', pytest.param('adamw_8bit', marks=needs_torchao)]
 
 
 OPTIMIZER = dict(learning_rate=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.95, weight_dtype='float32',
                  optimizer_in_backward=False)
-
-
 MUON = dict(OPTIMIZER, optim='muon', learning_rate=1e-3, muon_learning_rate=0.02, muon_momentum=0.95)
 
 

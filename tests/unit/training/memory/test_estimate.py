@@ -54,8 +54,6 @@ FIDELITY_CASES = {
                                                       'optim': 'adamw_8bit', 'optimizer_in_backward': True,
                                                       'grad_clip': 0.0},
 }
-
-
 FIDELITY_MODEL = dict(n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=8, bias=False, dropout=0.0)
 
 
