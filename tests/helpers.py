@@ -1,5 +1,6 @@
-"""Shared by the tests: a tiny character dataset in nanoGPT's format, the arguments of a tiny model, a subprocess
-runner, a parser of train.py's log lines, and a tiny stand-in for GPT-2's BPE."""
+"""Shared by the tests: a tiny character dataset in nanoGPT's format, a tiny GPT and train.py's step on it, the
+arguments of a tiny model, subprocess runners, a parser of train.py's log lines, and a tiny stand-in for GPT-2's
+BPE."""
 import hashlib
 import os
 import pickle
@@ -14,6 +15,8 @@ import pytest
 import tiktoken
 import torch
 
+from model import GPT, GPTConfig
+
 ROOT = Path(__file__).resolve().parent.parent
 DATASET = 'tiny_char'
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
@@ -23,6 +26,37 @@ TINY_ARGS = ['--device=cpu', '--dtype=float32', '--compile=False', f'--dataset={
              '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4', '--gradient_accumulation_steps=1',
              '--dropout=0.0', '--bias=False', '--learning_rate=1e-2', '--min_lr=1e-3', '--warmup_iters=2',
              '--lr_decay_iters=100', '--eval_iters=2', '--log_interval=1', '--wandb_log=False']
+
+
+def tiny_gpt(seed=0, **config):
+    """A GPT of 2 layers, 2 heads, 16 wide, on 16-token windows of a 50-token vocabulary (GPTConfig's defaults
+    otherwise); config overrides GPTConfig's keys. Seeded: one seed, one set of weights."""
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{'n_layer': 2, 'n_head': 2, 'n_embd': 16, 'block_size': 16, 'vocab_size': 50, **config}))
+
+
+def train_steps(model, optimizers, steps, first=0, scaler=None):
+    """train.py's step (no accumulation, no clipping) on one fixed batch, steps first .. first+steps-1, each group's
+    learning rate warming up linearly to the one it holds when called; `optimizers` are stepped in turn (one, or two
+    side by side), through `scaler` if given. The losses."""
+    generator = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(model.config.vocab_size, (4, model.config.block_size), generator=generator)
+            for _ in range(2))
+    peaks = [[group['lr'] for group in optimizer.param_groups] for optimizer in optimizers]
+    losses = []
+    for step in range(first, first + steps):
+        for optimizer, peak in zip(optimizers, peaks):
+            for group, lr in zip(optimizer.param_groups, peak):
+                group['lr'] = lr * (step + 1) / (first + steps)
+        _, loss = model(x, y)
+        (scaler.scale(loss) if scaler else loss).backward()
+        for optimizer in optimizers:
+            scaler.step(optimizer) if scaler else optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if scaler:
+            scaler.update()
+        losses.append(loss.item())
+    return losses
 
 
 # every modern architecture option of GPTConfig (model.py) on, as train.py keys
@@ -59,6 +93,16 @@ def run_script(script, *args, env=None, timeout=300):
     One thread per process: the tests share two cores, and runs compared bit for bit use the same setting."""
     return subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
+
+
+def train(data_dir, out_dir, *args, env=None):
+    """train.py on the tiny model and the dataset in data_dir, writing to out_dir; args override."""
+    return run_script('train.py', *TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args, env=env)
+
+
+def load(out_dir):
+    """The checkpoint train.py wrote to out_dir."""
+    return torch.load(out_dir / 'ckpt.pt', weights_only=True)
 
 
 def trace_card_preset(path):

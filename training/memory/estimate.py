@@ -6,8 +6,8 @@ How: two real training iterations of train.py's model, loss, optimizer, gradient
 run under FakeTensorMode, where tensors have shapes and dtypes but no memory, so the trace needs no GPU. The tracer
 (tracer.py) counts the bytes of the live storages as the CUDA caching allocator would, and the peak after every op.
 What tensors don't show (the CUDA context, cuBLAS workspaces, fragmentation) is added as an allowance. The model,
-optimizer and checks are train.py's own (training.rules, training.optim); tests/test_estimate_memory.py compares the
-peak with the real train.py run under the same tracer.
+optimizer and checks are train.py's own (training.rules, training.optim); tests/unit/training/memory/test_estimate.py
+compares the peak with the real train.py run under the same tracer.
 """
 import contextlib
 import io

@@ -1,22 +1,19 @@
-"""HellaSwag scoring (training/hellaswag.py, hellaswag.py) on small files in HellaSwag's format written here: the
-batched, chunked scores against full logits, acc and acc_norm on a rigged model, the DDP split, and one-line errors.
+"""training/hellaswag.py on small files in HellaSwag's format written here: the batched, chunked scores against
+full logits, acc and acc_norm on a rigged model, the DDP split, the cached download, and one-line errors.
 
-No network: a tiny byte-level tiktoken encoding stands in for GPT-2's BPE; the command's end-to-end run needs
-tiktoken's gpt2 files cached (TIKTOKEN_CACHE_DIR) and is skipped otherwise."""
+No network: a tiny byte-level tiktoken encoding stands in for GPT-2's BPE."""
 import json
 
-import numpy as np
 import pytest
-import tiktoken
 import torch
 import torch.nn.functional as F
 
-from helpers import MODERN_ARCH_ARGS, TINY_ARGS, gpt2_cached, patched_env, run_script, tiny_encoding, torchrun
+from helpers import tiny_encoding, tiny_gpt
 from model import GPT, GPTConfig
-from training.checkpoint import save_checkpoint
-from training.errors import ConfigError
 from training import hellaswag
+from training.errors import ConfigError
 from training.hellaswag import HellaSwagError, cached_val_file, ending_losses, evaluate, read_examples, render
+
 
 # as in HellaSwag's files, with the fields the scorer ignores
 EXAMPLES = [
@@ -42,12 +39,10 @@ def write_jsonl(path, examples):
     return path
 
 
-def tiny_gpt(block_size=64, vocab_size=320, **kw):
-    """A random 2-layer GPT in float64 with large embeddings, so its next-token distributions are far from uniform
-    and no two endings tie."""
-    torch.manual_seed(0)
-    config = dict(block_size=block_size, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=32, bias=True, **kw)
-    model = GPT(GPTConfig(**config)).double().eval()
+def scoring_gpt(block_size=64, **config):
+    """The tiny GPT, 32 wide, over tiny_encoding's 320 tokens, in float64 with large embeddings, so its next-token
+    distributions are far from uniform and no two endings tie."""
+    model = tiny_gpt(block_size=block_size, vocab_size=320, n_embd=32, **config).double().eval()
     with torch.no_grad():
         model.transformer.wte.weight.normal_(0.0, 1.0)
     return model
@@ -74,7 +69,7 @@ def reference_losses(model, example, enc):
 @pytest.mark.parametrize('block_size', [64, 32])  # 32: four of the seven contexts are cropped
 def test_batched_scores_match_full_logits_reference(tmp_path, block_size):
     enc = tiny_encoding()
-    model = tiny_gpt(block_size)
+    model = scoring_gpt(block_size)
     examples = read_examples(write_jsonl(tmp_path / 'val.jsonl', EXAMPLES))
     with torch.no_grad():
         ref = [reference_losses(model, example, enc) for example in examples]
@@ -132,7 +127,7 @@ def test_acc_sums_and_acc_norm_averages_the_ending_losses():
 
 def test_ddp_shares_add_up_with_the_same_forwards_on_every_rank():
     enc = tiny_encoding()
-    model = tiny_gpt()
+    model = scoring_gpt()
     examples = [dict(ctx=e['ctx'], endings=e['endings'], label=e['label']) for e in EXAMPLES]
     sums, _ = ending_losses(model, [render(example, enc, 64) for example in examples], 'cpu')
     # labels the model gets right by acc: a top-up example that counted would show in the sums
@@ -153,7 +148,7 @@ def test_ddp_shares_add_up_with_the_same_forwards_on_every_rank():
 
 def test_evaluate_scores_without_dropout_and_restores_train_mode():
     enc = tiny_encoding()
-    model = tiny_gpt(dropout=0.5)
+    model = scoring_gpt(dropout=0.5)
     examples = [dict(ctx=e['ctx'], endings=e['endings'], label=e['label']) for e in EXAMPLES]
     expected = evaluate(model, examples, enc, 'cpu')
     model.train()
@@ -237,110 +232,3 @@ def test_the_failed_download_says_where_the_file_goes_unless_the_script_says_oth
                                      f"{tmp_path / 'hellaswag' / 'hellaswag_val.jsonl'}")
     assert '--data_path' not in str(error.value)
     assert hellaswag.DATA_URL == 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl'
-
-
-# -----------------------------------------------------------------------------
-# the command
-
-def score(*args):
-    return run_script('hellaswag.py', '--device=cpu', '--dtype=float32', *args)
-
-
-def assert_one_line_error(result, *fragments):
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith('error: ') and result.stderr.count('\n') == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr
-
-
-def save_tiny_checkpoint(out_dir, vocab_size):
-    torch.manual_seed(0)
-    model_args = dict(block_size=64, vocab_size=vocab_size, n_layer=1, n_head=2, n_embd=16, bias=False, dropout=0.0)
-    save_checkpoint({'model': GPT(GPTConfig(**model_args)).state_dict(), 'model_args': model_args}, out_dir)
-    return out_dir
-
-
-@pytest.mark.slow
-def test_command_bad_data_fails_in_one_line_before_loading_a_model(tmp_path):
-    bad = tmp_path / 'val.jsonl'
-    bad.write_text(json.dumps(EXAMPLES[0]) + '\n{"ctx": "A", "endings": ["a", "b", "c", "d"]}\n')
-    # out_dir has no checkpoint: the data is checked first
-    assert_one_line_error(score(f'--data_path={bad}', f'--out_dir={tmp_path}'), f'{bad} line 2', "'label'")
-    assert_one_line_error(score(f'--data_path={tmp_path / "missing.jsonl"}'), 'cannot read', 'missing.jsonl')
-    assert_one_line_error(score('--max_examples=-1'), 'max_examples')
-
-
-@pytest.mark.slow
-def test_command_refuses_a_character_level_model(tmp_path):
-    data = write_jsonl(tmp_path / 'val.jsonl', EXAMPLES)
-    out_dir = save_tiny_checkpoint(tmp_path / 'out', vocab_size=65)
-    assert_one_line_error(score(f'--data_path={data}', f'--out_dir={out_dir}'), "vocab_size is 65", "GPT-2's BPE")
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not gpt2_cached(), reason="tiktoken's gpt2 files are not cached (set TIKTOKEN_CACHE_DIR)")
-def test_command_scores_a_checkpoint_as_evaluate_does(tmp_path):
-    data = write_jsonl(tmp_path / 'val.jsonl', EXAMPLES)
-    out_dir = save_tiny_checkpoint(tmp_path / 'out', vocab_size=50304)
-    result = score(f'--data_path={data}', f'--out_dir={out_dir}', '--max_examples=5', '--batch_size=2')
-    assert result.returncode == 0, result.stderr
-    checkpoint = torch.load(out_dir / 'ckpt.pt', weights_only=True)
-    model = GPT(GPTConfig(**checkpoint['model_args']))
-    model.load_state_dict(checkpoint['model'])
-    expected = evaluate(model, read_examples(data, 5), tiktoken.get_encoding('gpt2'), 'cpu', batch_size=2)
-    assert result.stdout.splitlines()[-1] == (
-        f"hellaswag: 5 examples, acc {expected['acc']:.4f} ({expected['correct']}/5), "
-        f"acc_norm {expected['acc_norm']:.4f} ({expected['correct_norm']}/5)")
-
-
-# -----------------------------------------------------------------------------
-# during training
-
-def train_with_hellaswag(tmp_path, *args, processes=1):
-    """train.py with --hellaswag=True on a GPT-2-vocabulary dataset (no meta.pkl) and EXAMPLES as the validation file,
-    GPT-2's BPE replaced by the tiny encoding (no download)."""
-    data = tmp_path / 'data'
-    (data / 'bpe').mkdir(parents=True)
-    ids = np.array(tiny_encoding().encode_ordinary(' '.join(e['ctx'] for e in EXAMPLES) * 20), dtype=np.uint16)
-    ids.tofile(data / 'bpe' / 'train.bin')
-    ids.tofile(data / 'bpe' / 'val.bin')
-    (data / 'hellaswag').mkdir()
-    write_jsonl(data / 'hellaswag' / 'hellaswag_val.jsonl', EXAMPLES)
-    env = patched_env(tmp_path, 'import helpers, training.data\n'
-                                'training.data.get_encoding = lambda name: helpers.tiny_encoding()\n')
-    args = [*TINY_ARGS, f'--data_dir={data}', '--dataset=bpe', f'--out_dir={tmp_path / "out"}', '--hellaswag=True',
-            '--block_size=64', '--max_iters=2', '--eval_interval=2', *args]
-    if processes == 1:
-        return run_script('train.py', *args, env=env)
-    return torchrun(*args, processes=processes, env=env)
-
-
-def hellaswag_lines(stdout):
-    return [line for line in stdout.splitlines() if line.startswith('hellaswag ')]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize('architecture', [[], MODERN_ARCH_ARGS], ids=['gpt2', 'modern'])
-def test_train_py_scores_hellaswag_at_each_evaluation(tmp_path, architecture):
-    # 4 of EXAMPLES are longer than 32 tokens: their contexts are cut
-    result = train_with_hellaswag(tmp_path, '--block_size=32', *architecture)
-    assert result.returncode == 0, result.stderr
-    lines = hellaswag_lines(result.stdout)
-    assert [line.split(':')[0] for line in lines] == ['hellaswag 0', 'hellaswag 2']
-    [cut] = [line for line in result.stdout.splitlines() if 'longer than block_size' in line]  # once, not per eval
-    assert cut.startswith('hellaswag: 4 of the 7 examples are longer than block_size=32')
-    assert all(line.endswith(f'({len(EXAMPLES)} examples)') for line in lines)
-    # the scores of the model checkpointed right after the evaluation at iteration 2
-    model = GPT(GPTConfig(**torch.load(tmp_path / 'out' / 'ckpt.pt', weights_only=True)['model_args']))
-    model.load_state_dict(torch.load(tmp_path / 'out' / 'ckpt.pt', weights_only=True)['model'])
-    expected = evaluate(model, [dict(e) for e in EXAMPLES], tiny_encoding(), 'cpu')
-    assert lines[1] == (f"hellaswag 2: acc {expected['acc']:.4f}, acc_norm {expected['acc_norm']:.4f} "
-                        f"({len(EXAMPLES)} examples)")
-
-
-@pytest.mark.slow
-def test_two_processes_score_hellaswag_as_one(tmp_path):
-    single = train_with_hellaswag(tmp_path / 'single')
-    double = train_with_hellaswag(tmp_path / 'double', '--gradient_accumulation_steps=2', processes=2)
-    assert single.returncode == 0 and double.returncode == 0, double.stderr[-3000:]
-    assert hellaswag_lines(double.stdout)[0] == hellaswag_lines(single.stdout)[0]  # the same model at iteration 0

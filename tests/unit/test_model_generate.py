@@ -5,7 +5,9 @@ import torch
 from torch.nn import functional as F
 
 import model as model_lib
-from model import GPT, GPTConfig, KVCache
+from helpers import tiny_gpt
+from model import KVCache
+
 
 BLOCK_SIZE = 16
 
@@ -14,12 +16,11 @@ BLOCK_SIZE = 16
 MODERN = dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2', tie_weights=False, logit_softcap=15.0)
 
 
-def tiny_gpt(**options):
-    """A random 2-layer float32 GPT with large weights: its next tokens depend on the context and positions (GPT-2's
-    small init repeats one token greedily) and no two nearly tie (the greedy choices here lead by > 0.03 in logits),
-    so rounding differences between the cached and the full forward cannot change a choice."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=BLOCK_SIZE, vocab_size=50, n_layer=2, n_head=2, n_embd=32, **options)).eval()
+def large_weights_gpt(**options):
+    """The tiny GPT, 32 wide, with large weights: its next tokens depend on the context and positions (GPT-2's small
+    init repeats one token greedily) and no two nearly tie (the greedy choices here lead by > 0.03 in logits), so
+    rounding differences between the cached and the full forward cannot change a choice."""
+    model = tiny_gpt(block_size=BLOCK_SIZE, n_embd=32, **options).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 2:  # embeddings (wte, wpe) N(0, 1), the other matrices N(0, 0.5)
@@ -49,7 +50,7 @@ def nanogpt_generate(model, idx, max_new_tokens, temperature=1.0, top_k=None):
 @pytest.mark.parametrize('prompt_length, max_new_tokens', [(5, 9), (5, 30), (20, 6)],
                          ids=['within block_size', 'past block_size', 'prompt past block_size'])
 def test_cached_and_uncached_generate_give_nanogpts_tokens(sampling, prompt_length, max_new_tokens, options):
-    model = tiny_gpt(**options)
+    model = large_weights_gpt(**options)
     prompt = torch.randint(50, (3, prompt_length), generator=torch.Generator().manual_seed(1))
     runs = {}
     for name, generate in [('nanoGPT', lambda: nanogpt_generate(model, prompt, max_new_tokens, **sampling)),
@@ -67,7 +68,7 @@ def test_cached_and_uncached_generate_give_nanogpts_tokens(sampling, prompt_leng
 
 def test_forward_with_cache_gives_the_logits_of_the_whole_sequence():
     """The prompt, then one token, then several at once (each attending causally to the others and to the cache)."""
-    model = tiny_gpt()
+    model = large_weights_gpt()
     tokens = torch.randint(50, (2, 11), generator=torch.Generator().manual_seed(2))
     cache = KVCache(model.config, batch_size=2, max_len=BLOCK_SIZE, device='cpu', dtype=torch.float32)
     with torch.no_grad():
@@ -89,7 +90,7 @@ def count_tokens_run(model, generate):
 
 @pytest.mark.parametrize('max_new_tokens', [10, 20], ids=['within block_size', 'past block_size'])
 def test_cache_runs_each_position_once_within_block_size(max_new_tokens):
-    model = tiny_gpt()
+    model = large_weights_gpt()
     prompt = torch.zeros(1, 4, dtype=torch.long)
     cached = count_tokens_run(model, lambda: model.generate(prompt, max_new_tokens))
     uncached = count_tokens_run(model, lambda: model.generate(prompt, max_new_tokens, use_cache=False))
@@ -110,7 +111,7 @@ def test_cached_generate_under_autocast_keeps_the_cache_in_autocasts_dtype(monke
             caches.append(self)
 
     monkeypatch.setattr(model_lib, 'KVCache', RecordedKVCache)
-    model = tiny_gpt()
+    model = large_weights_gpt()
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = model.generate(torch.zeros(2, 3, dtype=torch.long), 20, top_k=1)
     assert out.shape == (2, 23)

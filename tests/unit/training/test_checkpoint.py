@@ -7,14 +7,9 @@ import sys
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from helpers import tiny_gpt
 from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
-
-
-def tiny_gpt(seed):
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=16))
 
 
 def test_nanogpt_layout_and_compiled_names_load(tmp_path):

@@ -1,7 +1,8 @@
 """The parallelism key through torchrun on CPU (gloo, 2 processes): each mode's losses and weights match one process at
 the same global batch; every mode writes nanoGPT's ckpt.pt with full tensors, which resumes under another mode and
 another world size with the uninterrupted run's losses; a rank that stops answering, or a killed torchrun, ends the
-run with one line instead of a hang."""
+run with one line instead of a hang.
+Muon under ddp and zero1 too, and refused under fsdp."""
 import os
 import shutil
 import signal
@@ -12,16 +13,11 @@ import time
 import pytest
 import torch
 
-from helpers import (MODERN_ARCH_ARGS, PARALLEL_ARGS as ARGS, ROOT, assert_same_losses, logged_losses, run_script,
-                     torchrun, write_char_dataset)
+from helpers import (MODERN_ARCH_ARGS, PARALLEL_ARGS as ARGS, ROOT, TINY_ARGS, assert_same_losses, load,
+                     logged_losses, run_script, torchrun, write_char_dataset)
 
-pytestmark = pytest.mark.slow  # every test here runs train.py, most under torchrun
+
 MODES = ('ddp', 'zero1', 'fsdp')
-# one micro-batch per process per iteration at world size 2, two in one process: the same global batch
-
-
-def load(out_dir):
-    return torch.load(out_dir / 'ckpt.pt', weights_only=True)
 
 
 @pytest.fixture(scope='module')
@@ -182,3 +178,29 @@ def test_workers_stop_when_torchrun_is_killed(tmp_path, data_dir):
     stopped = [line for line in err.read_text().splitlines() if 'the torchrun launcher' in line]
     assert sorted(stopped) == [f'error: rank {rank}: the torchrun launcher (pid {launcher.pid}) is gone: stopping'
                                for rank in (0, 1)]
+
+
+def test_fsdp_is_refused_with_one_line(data_dir, tmp_path):
+    result = torchrun(*TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}', '--optim=muon',
+                      '--gradient_accumulation_steps=2', '--parallelism=fsdp')
+    assert result.returncode != 0 and not (tmp_path / 'out').exists()
+    errors = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
+    assert errors == ["error: optim='muon' orthogonalizes each whole weight matrix, which parallelism='fsdp' splits "
+                      "over the processes: use --parallelism=zero1 (Muon's state is sharded there too) or ddp, or "
+                      "another --optim with fsdp"]
+
+
+def test_two_processes_under_ddp_and_zero1_match_one(data_dir, tmp_path):
+    """The same global batch (2 micro-batches) on one process and on two; zero1's checkpoint, gathered from both
+    ranks' shares, resumes in one process with the uninterrupted run's losses."""
+    args = [*ARGS, f'--data_dir={data_dir}', '--optim=muon']
+    single = run_script('train.py', *args, f'--out_dir={tmp_path / "single"}', '--max_iters=6')
+    assert single.returncode == 0, single.stderr
+    for mode in ('ddp', 'zero1'):
+        result = torchrun(*args, f'--out_dir={tmp_path / mode}', '--max_iters=4', f'--parallelism={mode}')
+        assert result.returncode == 0, f'{mode}: {result.stderr[-3000:]}'
+        assert_same_losses(result.stdout, single.stdout, 'iter', range(5))
+        assert_same_losses(result.stdout, single.stdout, 'step', (0, 2, 4))
+    resumed = run_script('train.py', *args, f'--out_dir={tmp_path / "zero1"}', '--max_iters=6', '--init_from=resume')
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_losses(resumed.stdout, single.stdout, 'iter', range(4, 7))

@@ -1,15 +1,10 @@
-"""configurator.py: nanoGPT's config files and --key=value overrides, train.py's defaults, and one-line errors."""
-import subprocess
-import sys
-
+"""configurator.py: nanoGPT's config files and --key=value overrides, --help, and one-line errors."""
 import pytest
-import torch
 
 import configurator
 from configurator import load_config
-from helpers import ROOT
-from training.device import check_device
 from training.errors import ConfigError
+
 
 DEFAULTS = {'batch_size': 12, 'learning_rate': 6e-4, 'compile': True, 'dataset': 'openwebtext',
             'wandb_run_name': 'gpt2', 'top_k': None}
@@ -90,74 +85,3 @@ def test_key_comments_reads_the_first_assignment_of_each_key():
     source = ("x = 1 # the first\nx = 2 # the second\ndefaults = dict(\n    y='a', # a keyword\n    z=3,\n)\n"
               "w = 4\nw = 5 # after an uncommented first\nprint(x) # not an assignment\n")
     assert configurator.key_comments(source) == {'x': 'the first', 'y': 'a keyword'}
-
-
-# nanoGPT's train.py keys: its config files and checkpoints' config set them, so each must exist here
-NANOGPT_KEYS = {'out_dir', 'eval_interval', 'log_interval', 'eval_iters', 'eval_only', 'always_save_checkpoint',
-                'init_from', 'wandb_log', 'wandb_project', 'wandb_run_name', 'dataset', 'gradient_accumulation_steps',
-                'batch_size', 'block_size', 'n_layer', 'n_head', 'n_embd', 'dropout', 'bias', 'learning_rate',
-                'max_iters', 'weight_decay', 'beta1', 'beta2', 'grad_clip', 'decay_lr', 'warmup_iters',
-                'lr_decay_iters', 'min_lr', 'backend', 'device', 'dtype', 'compile'}
-
-
-def help_lines(script):
-    """{key: (default, description)} of `python script --help`, in the order listed, and the whole text."""
-    listed = subprocess.run([sys.executable, script, '--help'], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert listed.returncode == 0, listed.stderr
-    keys = {}
-    for line in listed.stdout.splitlines():
-        if line.startswith('  --'):
-            key_value, _, description = line.strip()[2:].partition('  ')
-            key, value = key_value.split('=', 1)
-            keys[key] = (value, description)
-    return keys, listed.stdout
-
-
-def test_train_defaults_are_the_keys_train_py_runs_with():
-    """train_defaults() runs a block of train.py's text; `train.py --help` lists what train.py's configurator takes,
-    each with a description. A key defined outside the block, or a block that no longer runs on its own, fails here."""
-    keys, _ = help_lines('train.py')
-    defaults = configurator.train_defaults()
-    assert {key: value for key, (value, _) in keys.items()} == {key: repr(value) for key, value in defaults.items()}
-    assert [key for key, (_, description) in keys.items() if not description] == []
-    assert keys['optim'][1].endswith('one of: adamw, adamw_bf16, adamw_8bit, muon')
-    assert keys['compile'][1].endswith('; True or False')
-    assert NANOGPT_KEYS <= set(defaults)
-    assert (defaults['seed'], defaults['eval_batch_size'], defaults['data_dir'], defaults['timeout']) == \
-        (1337, 0, 'data', 600)
-    assert defaults['activation_checkpointing'] is False and defaults['auto_batch_size'] is False
-    assert (defaults['optim'], defaults['optimizer_in_backward'], defaults['parallelism']) == ('adamw', False, 'ddp')
-    assert defaults['gpu_headroom_gb'] > 0  # a desktop or a browser holds some of the card
-    if not torch.cuda.is_available():
-        assert (defaults['device'], defaults['dtype'], defaults['compile'], defaults['backend']) == \
-            ('cpu', 'float32', False, 'gloo')
-
-
-@pytest.mark.parametrize('script', ['sample.py', 'hellaswag.py', 'estimate_memory.py'])
-def test_every_key_of_the_tools_help_has_a_description(script):
-    keys, text = help_lines(script)
-    assert [key for key, (_, description) in keys.items() if not description] == []
-    assert keys['dtype'][1].endswith('one of: float32, bfloat16, float16')
-    if script == 'estimate_memory.py':  # its own keys first, then train.py's
-        import estimate_memory
-        own = list(estimate_memory.ESTIMATOR_DEFAULTS)
-        assert list(keys)[:len(own)] == own
-        assert set(keys) == set(estimate_memory.estimator_defaults())
-        assert 'exit status: 0 the config fits, 1 it does not (training or evaluation), 2 bad input' in text
-
-
-@pytest.mark.parametrize('device, dtype, match', [
-    ('cpu', 'float8', "unknown dtype 'float8'"),
-    ('tpu', 'float32', "device 'tpu'"),
-    ('cpu', 'float16', 'float16 needs CUDA'),
-])
-def test_check_device_errors(device, dtype, match):
-    with pytest.raises(ConfigError, match=match):
-        check_device(device, dtype)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason='needs a machine without CUDA')
-def test_check_device_without_cuda():
-    with pytest.raises(ConfigError, match='CUDA is not available'):
-        check_device('cuda', 'float32')
-    assert check_device('cpu', 'bfloat16') == 'cpu'  # bf16 autocast on cpu, when asked

@@ -1,14 +1,14 @@
 """bench.py: both modes on tiny shapes (seconds), and its one-line errors. No timings."""
-import pytest
 import torch
 import torch.nn.functional as F
 
 from helpers import run_script
 
-pytestmark = pytest.mark.slow  # every test here runs bench.py
 
 TINY_TRAIN = ['--device=cpu', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16',
               '--batch_size=2', '--vocab_size=256', '--num_steps=2', '--burnin_steps=1']
+
+
 # N * V is 32x a chunk's logits, so the naive path's full logits dwarf the chunked path's
 TINY_LOSS = ['--mode=loss', '--device=cpu', '--loss_rows=1024', '--n_embd=16', '--vocab_size=2048',
              '--chunk_size=32', '--loss_runs=1']
@@ -21,7 +21,6 @@ def test_train_mode_prints_time_per_iteration():
     assert 'time per iteration: ' in result.stdout and 'MFU: ' in result.stdout
 
 
-@pytest.mark.slow
 def test_train_mode_times_each_loss_on_the_same_batches_and_prints_a_row_for_each():
     losses = ['chunked', 'naive'] + (['torch'] if hasattr(torch.nn, 'LinearCrossEntropyOptions') else [])
     result = run_script('bench.py', *TINY_TRAIN, '--real_data=False', f"--loss={','.join(losses)}")
@@ -79,7 +78,6 @@ def test_loss_mode_profile_splits_each_method_into_matmuls_and_the_rest():
     assert all(line.startswith('  1024  ') and ', the rest ' in line for line in split)
 
 
-@pytest.mark.slow
 def test_loss_mode_compiled_adds_a_compiled_row_per_method_and_skips_the_cuda_libraries():
     result = run_script('bench.py', *TINY_LOSS, '--compile=True')
     assert result.returncode == 0, result.stderr

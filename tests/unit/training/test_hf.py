@@ -1,6 +1,6 @@
-"""export_hf.py and training/hf.py: a checkpoint exported to a transformers folder computes the same logits and greedy
-tokens as the GPT it came from (tied or not, with or without biases, bf16 weights, wrapped names), its tokenizer is
-the dataset's, and a local GPT-2 folder is an init_from as the gpt2* names are."""
+"""training/hf.py: a checkpoint exported to a transformers folder computes the same logits and greedy tokens as the
+GPT it came from (tied or not, with or without biases, bf16 weights, wrapped names), the gpt2 tokenizer is
+tiktoken's, and a local GPT-2 folder is an init_from as the gpt2* names are."""
 import json
 import os
 
@@ -10,12 +10,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 import configurator
-from helpers import TINY_ARGS, gpt2_cached, run_script, write_char_dataset
+from helpers import gpt2_cached, write_char_dataset
 from model import GPT, GPTConfig
 from training import hf, rules
 from training.checkpoint import load_checkpoint, load_model, pretrained_model
 from training.errors import ConfigError
-from training.meta import load_meta
+
 
 ARGS = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, bias=True, vocab_size=40, dropout=0.0)
 
@@ -77,19 +77,6 @@ def test_export_computes_what_the_checkpoint_computes(tmp_path, tied, bias, dtyp
     assert (tmp_path / 'hf' / 'model.safetensors').exists()
 
 
-def test_character_tokenizer_is_the_datasets(tmp_path):
-    data = write_char_dataset(tmp_path / 'data')
-    write_checkpoint(tmp_path / 'out', trained_like_gpt(0), data_dir=tmp_path / 'data')
-    result = run_script('export_hf.py', f'--out_dir={tmp_path / "out"}', f'--hf_dir={tmp_path / "hf"}')
-    assert result.returncode == 0, result.stderr
-    assert 'the tokenizer maps each character to its id as' in result.stdout
-    meta = load_meta(str(data / 'meta.pkl'))
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path / 'hf')
-    text = 'First Citizen:\nSpeak,  speak.\n'
-    ids = tokenizer.encode(text)
-    assert ids == [meta['stoi'][c] for c in text] and tokenizer.decode(ids) == text
-
-
 @pytest.mark.skipif(not gpt2_cached(), reason="tiktoken's gpt2 files are not cached (set TIKTOKEN_CACHE_DIR)")
 def test_gpt2_tokenizer_is_tiktokens(tmp_path):
     write_checkpoint(tmp_path / 'out', trained_like_gpt(0, vocab_size=50304, n_embd=8, n_head=1, n_layer=1))
@@ -113,14 +100,6 @@ def test_architecture_keys_gpt2_lacks_are_one_line(tmp_path, monkeypatch):
     hf.check_exportable({'model_args': dict(ARGS, bias=True)}, 'ckpt.pt')
     with pytest.raises(ConfigError, match='no counterpart for bias=False$'):
         hf.check_exportable({'model_args': dict(ARGS, bias=False)}, 'ckpt.pt')
-
-
-def test_a_character_model_without_its_meta_is_refused_before_writing(tmp_path):
-    write_checkpoint(tmp_path / 'out', trained_like_gpt(0), data_dir=tmp_path / 'gone')
-    result = run_script('export_hf.py', f'--out_dir={tmp_path / "out"}')
-    assert result.returncode == 2 and result.stderr.count('\n') == 1
-    assert "the model's vocab_size is 40, too small for GPT-2's tokens" in result.stderr
-    assert not (tmp_path / 'out' / 'hf').exists()
 
 
 def save_hf(path, **config):
@@ -184,20 +163,3 @@ def test_a_folder_that_is_not_a_gpt2_is_one_line(tmp_path, make, message):
     with pytest.raises(ConfigError) as e:
         rules.check_config(config, 1, 'cpu')
     assert message.format(path=path) in str(e.value) and '\n' not in str(e.value)
-
-
-@pytest.mark.slow
-def test_train_exports_and_finetunes_from_the_export(tmp_path):
-    """The quick start's road: train, export, load in transformers; then train.py --init_from=the export."""
-    write_char_dataset(tmp_path / 'data')
-    common = [*TINY_ARGS, f'--data_dir={tmp_path / "data"}', '--eval_interval=5']
-    result = run_script('train.py', *common, f'--out_dir={tmp_path / "out"}', '--max_iters=5')
-    assert result.returncode == 0, result.stderr
-    result = run_script('export_hf.py', f'--out_dir={tmp_path / "out"}')
-    assert result.returncode == 0, result.stderr
-    ours, _ = load_model('resume', str(tmp_path / 'out'), 'cpu')
-    assert_same_model(ours, AutoModelForCausalLM.from_pretrained(tmp_path / 'out' / 'hf'))
-    result = run_script('train.py', *common, f'--out_dir={tmp_path / "again"}', '--max_iters=2',
-                        f'--init_from={tmp_path / "out" / "hf"}')
-    assert result.returncode == 0, result.stderr
-    assert f'Initializing from GPT-2 weights: {tmp_path / "out" / "hf"}' in result.stdout

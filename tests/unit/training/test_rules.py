@@ -1,23 +1,13 @@
-"""training/: train.py's checks and model_args (rules.py), the learning rate schedule, the out_dir check, the GPUs'
-peak FLOPS, the message of a collective that timed out, and fail()'s one line under torchrun. Pure functions, no
-training."""
-import math
+"""training/rules.py: train.py's checks of its config and dataset, and model_args."""
 import os
 import pickle
-import subprocess
-import sys
 
 import pytest
-import torch
 
 import configurator
 from helpers import ROOT
 from training import rules
-from training.device import peak_flops
-from training.errors import ConfigError, fail
-from training.parallel import collective_failure
-from training.paths import check_writable_dir
-from training.schedule import cosine_lr, wsd_lr
+from training.errors import ConfigError
 
 
 @pytest.fixture
@@ -158,107 +148,3 @@ def test_prepare_hint_names_the_script_relative_to_the_current_directory(config,
     assert rules.prepare_hint({**config, 'dataset': 'shakespeare_char', 'data_dir': 'elsewhere'}).endswith(
         f" --out_dir {os.path.join('elsewhere', 'shakespeare_char')}`")
     assert 'data/README.md' in rules.prepare_hint({**config, 'dataset': 'mine'})
-
-
-def nanogpt_get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters):
-    """nanoGPT's train.py get_lr, as it is (it divides by zero where warmup_iters == lr_decay_iters == it)."""
-    if it < warmup_iters:
-        return learning_rate * (it + 1) / (warmup_iters + 1)
-    if it > lr_decay_iters:
-        return min_lr
-    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
-    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
-    return min_lr + coeff * (learning_rate - min_lr)
-
-
-def test_schedule_is_nanogpts_and_defined_where_nanogpts_divides_by_zero():
-    for it in range(0, 120):
-        assert cosine_lr(it, 6e-4, 6e-5, 10, 100) == pytest.approx(nanogpt_get_lr(it, 6e-4, 6e-5, 10, 100), abs=1e-15)
-    assert [cosine_lr(it, 1.0, 0.1, 1, 1) for it in range(3)] == [0.5, 0.1, 0.1]  # nanoGPT: ZeroDivisionError at 1
-    assert [cosine_lr(it, 1.0, 0.1, 4, 2) for it in (3, 4, 5)] == [0.8, 0.1, 0.1]  # decay ends before warmup does
-
-
-def test_wsd_warms_up_as_cosine_holds_then_decays_linearly_to_min_lr():
-    lrs = [wsd_lr(it, 1.0, 0.1, 2, 10, 0.3) for it in range(12)]
-    assert lrs[:2] == [cosine_lr(it, 1.0, 0.1, 2, 10) for it in range(2)]  # the same warmup
-    assert lrs[2:7] == [1.0] * 5  # stable until the last 30% of lr_decay_iters
-    assert lrs[7:] == pytest.approx([1.0, 0.7, 0.4, 0.1, 0.1])  # linear from iter 7 to min_lr at 10, then held
-    # a cooldown longer than what follows the warmup starts right after it
-    assert [wsd_lr(it, 1.0, 0.0, 4, 8, 1.0) for it in (3, 4, 6, 8)] == pytest.approx([0.8, 1.0, 0.5, 0.0])
-
-
-def test_writable_dir_check_leaves_nothing_behind(tmp_path):
-    check_writable_dir(str(tmp_path / 'new' / 'deeper'))
-    check_writable_dir(str(tmp_path))
-    assert list(tmp_path.iterdir()) == []
-    (tmp_path / 'file').write_text('x')
-    with pytest.raises(ConfigError, match=f"out_dir='{tmp_path / 'file' / 'out'}' cannot be a directory: "
-                                          f"{tmp_path / 'file'} is a file"):
-        check_writable_dir(str(tmp_path / 'file' / 'out'))
-    with pytest.raises(ConfigError, match='out_dir is empty'):
-        check_writable_dir('')
-
-
-@pytest.mark.skipif(not os.path.isdir('/proc/self'), reason='needs Linux /proc, where nobody, root included, writes')
-def test_unwritable_dir_is_refused_even_as_root():
-    with pytest.raises(ConfigError, match="cannot write in out_dir='/proc/nanogpt_out'"):
-        check_writable_dir('/proc/nanogpt_out')
-
-
-def test_peak_flops_by_device_name(monkeypatch):
-    assert peak_flops('cpu') is None
-    names = {'NVIDIA GeForce RTX 3060': 25.5e12, 'NVIDIA GeForce RTX 3060 Ti': 32.4e12,
-             'NVIDIA A100-SXM4-80GB': 312e12, 'NVIDIA A10G': 70e12, 'NVIDIA H100 PCIe': 756e12,
-             'NVIDIA H100 80GB HBM3': 989e12, 'NVIDIA L40S': 362e12, 'NVIDIA L4': 121e12}
-    for name, flops in names.items():
-        monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device, name=name: name)
-        assert peak_flops('cuda:0') == (flops, name)
-    for name in ('NVIDIA GeForce RTX 3060 Laptop GPU', 'Some Future GPU'):
-        monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device, name=name: name)
-        assert peak_flops('cuda') is None
-
-
-def all_reduce_in_estimate_loss():
-    """A RuntimeError raised as gloo raises a timeout, from a frame of torch/distributed called from train.py."""
-    namespace = {}
-    distributed_file = os.path.join(os.path.dirname(torch.__file__), 'distributed', 'distributed_c10d.py')
-    exec(compile('def all_reduce():\n    raise RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out '
-                 'waiting 5000ms for recv operation to complete")\n', distributed_file, 'exec'), namespace)
-    exec(compile('def estimate_loss():\n    all_reduce()\n', str(ROOT / 'train.py'), 'exec'), namespace)
-    try:
-        namespace['estimate_loss']()
-    except RuntimeError as e:
-        return e
-
-
-def test_collective_failure_names_the_collective_and_what_to_check():
-    message, secondary = collective_failure(all_reduce_in_estimate_loss(), 5)
-    assert message.startswith('all_reduce at train.py line 2 (') and not secondary
-    assert 'within timeout=5s (' in message and 'Timed out waiting 5000ms' in message and '--timeout' in message
-    assert '\n' not in message
-    assert collective_failure(RuntimeError('mat1 and mat2 shapes cannot be multiplied'), 5) is None
-    try:
-        raise RuntimeError('[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:43719')
-    except RuntimeError as gone:
-        assert collective_failure(gone, 5)[1]  # secondary: the rank that is gone reports why
-
-
-@pytest.mark.parametrize('rank, every_rank, printed', [('0', False, 'error: bad\n'), ('1', False, 'error: rank 1: bad\n'),
-                                                        ('1', True, 'error: rank 1: bad\n')])
-def test_fail_names_the_rank_where_the_error_is_the_ranks_own(rank, every_rank, printed):
-    """Rank 1 waits for torchrun to stop it once rank 0 has printed the same error (not waited for here)."""
-    code = f'from training import errors; errors.OTHER_RANKS_WAIT = 0; errors.fail("bad", every_rank={every_rank})'
-    result = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                            env={**os.environ, 'RANK': rank, 'WORLD_SIZE': '2'})
-    assert (result.returncode, result.stderr) == (2, printed)
-
-
-def test_an_error_line_is_one_write_so_ranks_sharing_stderr_do_not_interleave(monkeypatch):
-    """Unbuffered (PYTHONUNBUFFERED=1), each write of stderr is a write to the file torchrun's ranks share: print's
-    text and newline are two, and another rank's line could land between them ('error: rank 0: ...error: rank 1:')."""
-    writes = []
-    monkeypatch.setattr(sys, 'stderr', type('Unbuffered', (), {'write': lambda self, text: writes.append(text),
-                                                              'flush': lambda self: None})())
-    with pytest.raises(SystemExit):
-        fail('bad')
-    assert writes == ['error: bad\n']

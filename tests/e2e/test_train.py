@@ -13,18 +13,8 @@ import time
 import pytest
 import torch
 
-from helpers import (MODERN_ARCH_ARGS, MODERN_RECIPE_ARGS, ROOT, TEXT, TINY_ARGS, logged_losses, patched_env,
-                     run_script, write_char_dataset)
-
-pytestmark = pytest.mark.slow  # every test here runs train.py
-
-
-def train(data_dir, out_dir, *args, env=None):
-    return run_script('train.py', *TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args, env=env)
-
-
-def load(out_dir):
-    return torch.load(out_dir / 'ckpt.pt', weights_only=True)
+from helpers import (MODERN_ARCH_ARGS, MODERN_RECIPE_ARGS, ROOT, TEXT, TINY_ARGS, load, logged_losses, patched_env,
+                     train, write_char_dataset)
 
 
 def same_weights(a, b):
@@ -421,4 +411,3 @@ def test_bad_input_fails_with_one_line_and_writes_nothing(bad_runs, name):
     assert stderr.startswith('error: ') and stderr.count('\n') == 1, stderr
     assert BAD_INPUTS[name][2] in stderr
     assert after == before  # no directory created, no file written or changed
-

@@ -17,7 +17,6 @@ import transformers
 
 from helpers import ROOT, TEXT, patched_env
 
-pytestmark = pytest.mark.slow  # each command is a real run
 
 # what a command that would run long or reach the network gets appended, by its script
 TINY_MODEL = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=2', '--max_iters=2',
@@ -38,10 +37,14 @@ APPENDED = {
     'estimate_memory.py': [],
     'export_hf.py': [],
 }
+
+
 # installs need the network (the tests run in the environment they set up), the tests cannot run themselves, and
 # lm-evaluation-harness is not a dependency
 SKIPPED = ('pip ', 'python -m pytest ', 'lm_eval ')
 CUDA_ONLY = ('--find_batch_size=True',)  # tries micro-batches until the GPU runs out of memory: refused on a CPU
+
+
 # Stand-ins, in every process: GPT-2's BPE is a tiny byte-level BPE, and OpenAI's weights are random GPT-2s of a tiny
 # shape, built by transformers from its config, as GPT2LMHeadModel.from_pretrained would load them.
 STAND_INS = """

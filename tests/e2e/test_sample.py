@@ -7,7 +7,7 @@ import pytest
 
 from helpers import MODERN_ARCH_ARGS, TEXT, TINY_ARGS, run_script, write_char_dataset
 
-pytestmark = pytest.mark.slow  # every test here runs sample.py on a trained checkpoint
+
 SEPARATOR = '\n---------------\n'
 
 

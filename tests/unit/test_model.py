@@ -1,18 +1,14 @@
-"""model.py: the chunked loss against the naive reference, the GPT in nanoGPT's shape, and model.py on its own."""
+"""model.py: the chunked loss against the naive reference, the GPT in nanoGPT's shape."""
 import math
-import os
-import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import model as model_lib
-from helpers import ROOT
-from training.memory.tracer import MemoryTracer
+from helpers import tiny_gpt
 from model import GPT, GPTConfig, chunked_cross_entropy
+from training.memory.tracer import MemoryTracer
 
 
 def naive(h, w, t):
@@ -205,11 +201,6 @@ def test_retained_graph_gives_the_right_gradients_each_backward():
     torch.testing.assert_close(w.grad, ref[2])
 
 
-def tiny_gpt(**kw):
-    torch.manual_seed(0)
-    return GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=16, **kw))
-
-
 def test_gpt_loss_matches_naive_head_and_tied_weight_gets_both_gradients():
     model = tiny_gpt()
     x = torch.randint(0, 50, (3, 16))
@@ -272,27 +263,6 @@ def test_activation_checkpointing_same_loss_and_gradients():
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('options', [{}, dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2',
-                                               tie_weights=False, logit_softcap=3.0)], ids=['gpt2', 'modern'])
-def test_compiled_model_matches_eager_and_runs_the_compiled_chunks(monkeypatch, options):
-    model = tiny_gpt(**options)
-    x = torch.randint(0, 50, (2, 16))
-    fused_calls = []
-    compiled_chunk = model_lib._compiled_softmax_chunk
-    monkeypatch.setattr(model_lib, '_compiled_softmax_chunk', lambda *a: fused_calls.append(1) or compiled_chunk(*a))
-    _, eager = model(x, x)
-    eager_grads = torch.autograd.grad(eager, list(model.parameters()))
-    assert not fused_calls  # eager: the eager chunk path
-    compiled = torch.compile(model)
-    _, loss = compiled(x, x)
-    assert fused_calls
-    grads = torch.autograd.grad(loss, list(model.parameters()))
-    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-5)
-    for a, b in zip(grads, eager_grads):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-
-
 def test_from_hf_model_matches_hugging_face_logits():
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
@@ -305,22 +275,15 @@ def test_from_hf_model_matches_hugging_face_logits():
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
 
 
-def test_model_py_copied_alone_trains(tmp_path):
-    """nanoGPT's habit: copy model.py into another project. It needs torch and nothing of this repository, to train
-    or to generate."""
-    shutil.copy(ROOT / 'model.py', tmp_path)
-    code = ("import torch, model\n"
-            "gpt = model.GPT(model.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))\n"
-            "optimizer = gpt.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu')\n"
-            "x = torch.randint(32, (2, 8))\n"
-            "_, loss = gpt(x, x)\n"
-            "loss.backward()\n"
-            "optimizer.step()\n"
-            "print(loss.item(), gpt(x, x)[1].item())\n"
-            "assert gpt.eval().generate(x[:, :2], 10).shape == (2, 12)\n")  # with its KV cache, past block_size
-    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
-    result = subprocess.run([sys.executable, '-s', '-c', code], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=120, env=env)
-    assert result.returncode == 0, result.stderr
-    before, after = map(float, result.stdout.split()[-2:])
-    assert after < before  # one step of AdamW on the same batch lowers its loss
+def test_autocast_cache_changes_no_loss_or_gradient():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, dropout=0.0))
+    x = torch.randint(64, (4, 16))
+    results = []
+    for cache in (True, False):
+        model.zero_grad()
+        with torch.autocast('cpu', dtype=torch.bfloat16, cache_enabled=cache):
+            _, loss = model(x, x)
+        loss.backward()
+        results.append([loss.detach()] + [p.grad.clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*results))

@@ -1,9 +1,4 @@
 """training/recipe.py: the runs bench_optim.py compares the recipe by, and its steps-to-a-loss measure."""
-import json
-
-import pytest
-
-from helpers import run_script
 from training import recipe
 from training.optim import MUON_ONLY_KEYS
 from training.rules import MODERN_DEFAULTS
@@ -47,26 +42,3 @@ def test_a_dropped_component_is_the_recipe_with_it_back():
         keys = recipe.run_keys(recipe.RUNS[f'recipe+{component}'], CONFIG)
         assert {k for k in full if keys[k] != full[k]} == set(change)
         assert all(full[k] == MODERN_DEFAULTS[k] != keys[k] for k in change)  # the recipe has GPT-2's choice
-
-
-@pytest.mark.slow
-def test_bench_optim_summarizes_the_runs_over_seeds(data_dir, tmp_path):
-    """Two seeds, two steps: each run's curve is the mean of its seeds' curves, and the baseline reaches its own
-    final loss no later than its last step; a run name out of RUNS is one line."""
-    args = [f'--data_dir={data_dir}', '--dataset=tiny_char', '--n_layer=1', '--n_head=2', '--n_embd=32',
-            '--block_size=16', '--batch_size=4', '--max_iters=2', '--eval_interval=1', '--eval_iters=2',
-            '--lr_decay_iters=2', '--warmup_iters=1', '--seeds=1,2']
-    out = tmp_path / 'bench.json'
-    result = run_script('bench_optim.py', *args, '--runs=baseline,recipe,recipe-muon', f'--json_path={out}')
-    assert result.returncode == 0, result.stderr
-    report = json.loads(out.read_text())
-    for name in ('baseline', 'recipe', 'recipe-muon'):
-        by_seed = report['seeds'][name]
-        assert report['curves'][name] == {step: pytest.approx((by_seed['1'][step] + by_seed['2'][step]) / 2)
-                                          for step in ('0', '1', '2')}
-        assert report['summary'][name]['final_mean'] == pytest.approx(report['curves'][name]['2'])
-    assert report['seeds']['recipe']['1'] != report['seeds']['recipe-muon']['1']
-    assert all(step is not None and step <= 2 for step in report['summary']['baseline']['reached'])
-    assert 'step reaching baseline\'s final' in result.stdout
-    result = run_script('bench_optim.py', *args, '--runs=baseline,recipe-nothing')
-    assert result.returncode == 2 and "unknown run 'recipe-nothing'" in result.stderr

@@ -1,0 +1,52 @@
+"""bench_optim.py on the tiny character set: its curves and optimizer state bytes, and the recipe's summary over seeds."""
+import json
+
+import pytest
+
+from helpers import run_script
+
+
+def test_bench_optim_compares_optimizers_weight_precisions_and_the_autocast_cache(data_dir):
+    """The same initial loss for every run; autocast's cache changes no loss; torch's AdamW on bf16 weights (rounding
+    to nearest) keeps its moments in bf16, bf16_weights in fp32; Muon's state for the blocks' matrices is half of
+    AdamW's (the step counters aside)."""
+    runs = ['adamw', 'muon', 'bf16_weights', 'bf16_nearest', 'autocast_cache']
+    result = run_script('bench_optim.py', f'--data_dir={data_dir}', '--dataset=tiny_char', '--n_layer=1',
+                        '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4', '--max_iters=4',
+                        '--eval_interval=2', '--eval_iters=2', '--lr_decay_iters=4', '--warmup_iters=1',
+                        '--dtype=bfloat16', '--activation_checkpointing=True', f"--runs={','.join(runs)}")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split() == ['step', *runs])
+    rows = [line.split() for line in lines[header + 1:header + 4]]
+    assert [row[0] for row in rows] == ['0', '2', '4'] and len(set(rows[0][1:])) == 1
+    assert all(row[1 + runs.index('autocast_cache')] == row[1] for row in rows)
+    state = {line.split(':')[0]: line for line in lines[header + 4:]}
+    total = {name: int(text.split('optimizer state ')[1].split(' ')[0].replace(',', ''))
+             for name, text in state.items()}
+    matrix_bytes = {name: int(text.split("blocks' matrices ")[1].split(' ')[0].replace(',', ''))
+                    for name, text in state.items()}
+    assert total['bf16_weights'] == total['adamw'] and total['bf16_nearest'] < 0.6 * total['adamw']
+    assert matrix_bytes['adamw'] == 2 * matrix_bytes['muon'] + 4 * 4  # AdamW's 4 scalar step counters
+
+
+def test_bench_optim_summarizes_the_runs_over_seeds(data_dir, tmp_path):
+    """Two seeds, two steps: each run's curve is the mean of its seeds' curves, and the baseline reaches its own
+    final loss no later than its last step; a run name out of RUNS is one line."""
+    args = [f'--data_dir={data_dir}', '--dataset=tiny_char', '--n_layer=1', '--n_head=2', '--n_embd=32',
+            '--block_size=16', '--batch_size=4', '--max_iters=2', '--eval_interval=1', '--eval_iters=2',
+            '--lr_decay_iters=2', '--warmup_iters=1', '--seeds=1,2']
+    out = tmp_path / 'bench.json'
+    result = run_script('bench_optim.py', *args, '--runs=baseline,recipe,recipe-muon', f'--json_path={out}')
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    for name in ('baseline', 'recipe', 'recipe-muon'):
+        by_seed = report['seeds'][name]
+        assert report['curves'][name] == {step: pytest.approx((by_seed['1'][step] + by_seed['2'][step]) / 2)
+                                          for step in ('0', '1', '2')}
+        assert report['summary'][name]['final_mean'] == pytest.approx(report['curves'][name]['2'])
+    assert report['seeds']['recipe']['1'] != report['seeds']['recipe-muon']['1']
+    assert all(step is not None and step <= 2 for step in report['summary']['baseline']['reached'])
+    assert 'step reaching baseline\'s final' in result.stdout
+    result = run_script('bench_optim.py', *args, '--runs=baseline,recipe-nothing')
+    assert result.returncode == 2 and "unknown run 'recipe-nothing'" in result.stderr

@@ -1,0 +1,60 @@
+"""The scripts' --help, in subprocesses: train.py's lists the keys train_defaults() gives, nanoGPT's among them,
+each described; the tools' describe every key."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import configurator
+from helpers import ROOT
+
+
+# nanoGPT's train.py keys: its config files and checkpoints' config set them, so each must exist here
+NANOGPT_KEYS = {'out_dir', 'eval_interval', 'log_interval', 'eval_iters', 'eval_only', 'always_save_checkpoint',
+                'init_from', 'wandb_log', 'wandb_project', 'wandb_run_name', 'dataset', 'gradient_accumulation_steps',
+                'batch_size', 'block_size', 'n_layer', 'n_head', 'n_embd', 'dropout', 'bias', 'learning_rate',
+                'max_iters', 'weight_decay', 'beta1', 'beta2', 'grad_clip', 'decay_lr', 'warmup_iters',
+                'lr_decay_iters', 'min_lr', 'backend', 'device', 'dtype', 'compile'}
+
+
+def help_lines(script):
+    """{key: (default, description)} of `python script --help`, in the order listed, and the whole text."""
+    listed = subprocess.run([sys.executable, script, '--help'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    keys = {}
+    for line in listed.stdout.splitlines():
+        if line.startswith('  --'):
+            key_value, _, description = line.strip()[2:].partition('  ')
+            key, value = key_value.split('=', 1)
+            keys[key] = (value, description)
+    return keys, listed.stdout
+
+
+def test_train_defaults_are_the_keys_train_py_runs_with():
+    """train_defaults() runs a block of train.py's text; `train.py --help` lists what train.py's configurator takes,
+    each with a description. A key defined outside the block, or a block that no longer runs on its own, fails here."""
+    keys, _ = help_lines('train.py')
+    defaults = configurator.train_defaults()
+    assert {key: value for key, (value, _) in keys.items()} == {key: repr(value) for key, value in defaults.items()}
+    assert [key for key, (_, description) in keys.items() if not description] == []
+    assert keys['optim'][1].endswith('one of: adamw, adamw_bf16, adamw_8bit, muon')
+    assert keys['compile'][1].endswith('; True or False')
+    assert NANOGPT_KEYS <= set(defaults)
+    assert defaults['gpu_headroom_gb'] > 0  # a desktop or a browser holds some of the card
+    if not torch.cuda.is_available():  # the defaults run on this machine
+        assert (defaults['device'], defaults['dtype'], defaults['compile'], defaults['backend']) == \
+            ('cpu', 'float32', False, 'gloo')
+
+
+@pytest.mark.parametrize('script', ['sample.py', 'hellaswag.py', 'estimate_memory.py'])
+def test_every_key_of_the_tools_help_has_a_description(script):
+    keys, text = help_lines(script)
+    assert [key for key, (_, description) in keys.items() if not description] == []
+    assert keys['dtype'][1].endswith('one of: float32, bfloat16, float16')
+    if script == 'estimate_memory.py':  # its own keys first, then train.py's
+        import estimate_memory
+        own = list(estimate_memory.ESTIMATOR_DEFAULTS)
+        assert list(keys)[:len(own)] == own
+        assert set(keys) == set(estimate_memory.estimator_defaults())
+        assert 'exit status: 0 the config fits, 1 it does not (training or evaluation), 2 bad input' in text

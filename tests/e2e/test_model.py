@@ -1,0 +1,72 @@
+"""model.py in subprocesses and under torch.compile: copied alone it trains, and compiled it computes what eager
+does."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import model as model_lib
+from helpers import ROOT, tiny_gpt
+
+
+@pytest.mark.parametrize('options', [{}, dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2',
+                                               tie_weights=False, logit_softcap=3.0)], ids=['gpt2', 'modern'])
+def test_compiled_model_matches_eager_and_runs_the_compiled_chunks(monkeypatch, options):
+    model = tiny_gpt(**options)
+    x = torch.randint(0, 50, (2, 16))
+    fused_calls = []
+    compiled_chunk = model_lib._compiled_softmax_chunk
+    monkeypatch.setattr(model_lib, '_compiled_softmax_chunk', lambda *a: fused_calls.append(1) or compiled_chunk(*a))
+    _, eager = model(x, x)
+    eager_grads = torch.autograd.grad(eager, list(model.parameters()))
+    assert not fused_calls  # eager: the eager chunk path
+    compiled = torch.compile(model)
+    _, loss = compiled(x, x)
+    assert fused_calls
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, eager_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def inputs(dtype, n=70, d=16, v=97, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = (3 * torch.randn(n, d, generator=g, dtype=dtype)).requires_grad_()  # logits well into tanh's flat part
+    w = torch.randn(v, d, generator=g, dtype=dtype, requires_grad=True)
+    t = torch.randint(0, v, (n,), generator=g)
+    t[::7] = -1
+    return h, w, t
+
+
+def test_softcap_compiled_chunks_match_eager():
+    h, w, t = inputs(torch.float32)
+    results = []
+    for fused in (False, True):
+        loss = model_lib._chunked_cross_entropy(h, w, t, -1, 16, 'mean', fused=fused, softcap=5.0)
+        results.append((loss, *torch.autograd.grad(loss, (h, w))))
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_model_py_copied_alone_trains(tmp_path):
+    """nanoGPT's habit: copy model.py into another project. It needs torch and nothing of this repository, to train
+    or to generate."""
+    shutil.copy(ROOT / 'model.py', tmp_path)
+    code = ("import torch, model\n"
+            "gpt = model.GPT(model.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))\n"
+            "optimizer = gpt.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu')\n"
+            "x = torch.randint(32, (2, 8))\n"
+            "_, loss = gpt(x, x)\n"
+            "loss.backward()\n"
+            "optimizer.step()\n"
+            "print(loss.item(), gpt(x, x)[1].item())\n"
+            "assert gpt.eval().generate(x[:, :2], 10).shape == (2, 12)\n")  # with its KV cache, past block_size
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    result = subprocess.run([sys.executable, '-s', '-c', code], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    before, after = map(float, result.stdout.split()[-2:])
+    assert after < before  # one step of AdamW on the same batch lowers its loss

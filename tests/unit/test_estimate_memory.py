@@ -1,0 +1,120 @@
+"""estimate_memory.py in this process: its report, exit status, JSON and --find_batch_size, and one-line errors."""
+import json
+
+import pytest
+import torch
+
+import estimate_memory
+from training import rules
+from training.memory import estimate as em
+
+
+GIB = 2 ** 30
+
+
+def test_find_batch_size_cli_returns_a_fitting_batch_whose_double_does_not_fit(tiny, capsys, monkeypatch):
+    tiny = {**tiny, 'batch_size': 4, 'gradient_accumulation_steps': 32}  # 128 samples of 32 tokens per step
+
+    def estimated_total(batch_size, checkpointing):
+        config = em.rebatched({**tiny, 'activation_checkpointing': checkpointing}, batch_size)
+        return em.total_bytes(em.trace(config, evaluate=False)['train']['peak_bytes'])
+
+    budget_gb = (estimated_total(8, False) + 1) / GIB
+    monkeypatch.setattr(estimate_memory, 'estimator_defaults', lambda: tiny)
+    with pytest.raises(SystemExit):  # the card's memory less the headroom is the budget
+        estimate_memory.main(['--find_batch_size', '--json', f'--gpu_memory_gb={budget_gb + 0.25}',
+                              '--gpu_headroom_gb=0.25'])
+    result = json.loads(capsys.readouterr().out)
+    assert result['budget_bytes'] == result['gpu_memory_bytes'] - GIB // 4 == int(budget_gb * GIB)
+    off, on = result['find_batch_size']
+    assert off['largest_batch_size'] == 8 and on['largest_batch_size'] >= 8
+    for choice in (off, on):
+        largest, checkpointing = choice['largest_batch_size'], choice['activation_checkpointing']
+        assert choice['largest_total_bytes'] == estimated_total(largest, checkpointing) <= result['budget_bytes']
+        assert estimated_total(2 * largest, checkpointing) > result['budget_bytes']
+        applied = passes_train_py_checks(tiny, choice['command'])  # what the report prints: train.py takes it
+        assert (applied['batch_size'], applied['gradient_accumulation_steps'], applied['activation_checkpointing']) \
+            == (choice['batch_size'], choice['gradient_accumulation_steps'], checkpointing)
+        # the fewest micro-steps with micro-batches up to the largest, then the smallest micro-batch that keeps the
+        # config's 128 samples per step with them
+        accumulation = -(-128 // largest)
+        assert choice['gradient_accumulation_steps'] == accumulation
+        assert choice['batch_size'] == -(-128 // accumulation) <= largest
+        assert choice['tokens_per_step'] == choice['batch_size'] * 32 * accumulation >= 128 * 32
+
+
+@pytest.mark.parametrize('argv, named', [
+    (['--batchsize=8'], '--batch_size'),
+    (['--gpu_memory_gb=0.1'], 'gpu_memory_gb=0.1'),
+    (['--loss=fused'], "loss 'fused'"),
+    (['--gradient_accumulation_steps=3', '--world_size=2'], 'divisible by the 2 processes'),
+    (['--init_from=gpt2', '--block_size=2048'], 'block_size=2048'),
+    (['--init_from=gpt3'], "init_from 'gpt3'"),
+    (['--measure'], 'CUDA is not available'),
+    (['--fsdp_mixed_precision'], "parallelism='fsdp'"),
+    (['--fsdp_mixed_precision', '--parallelism=fsdp', '--dtype=float32'], "dtype='float32'"),
+])
+def test_bad_input_is_one_line_error(argv, named, capsys):
+    if '--measure' in argv and torch.cuda.is_available():
+        pytest.skip('CUDA is available here')
+    with pytest.raises(SystemExit) as exit_info:
+        estimate_memory.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith('error: ') and err.count('\n') == 1 and named in err
+
+
+def passes_train_py_checks(config, command):
+    """`config` with the printed --key=value `command` applied, checked by train.py's own rules (training.rules) for
+    its world_size on a GPU; the applied config."""
+    applied = {**config, **command}
+    rules.check_config(applied, applied['world_size'], 'cuda')
+    return applied
+
+
+def test_a_config_that_fits_needs_no_ladder(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(estimate_memory, 'estimator_defaults', lambda: tiny)
+    with pytest.raises(SystemExit) as exit_info:
+        estimate_memory.main(['--ladder', '--gpu_memory_gb=12'])
+    assert exit_info.value.code == estimate_memory.FITS
+    out = capsys.readouterr().out
+    assert 'ladder: fits as configured, nothing to change' in out and 'add to your command' not in out
+
+
+def test_headroom_is_left_free_and_shown(tiny):
+    """A config whose total fits the card exactly fits with no headroom and not with the default's."""
+    result = em.estimate({**tiny, 'gpu_headroom_gb': 0.0})
+    needed = max(result['total_bytes'], result['eval_total_bytes'])
+    card_gb = needed / GIB
+    exact = {**tiny, 'gpu_memory_gb': card_gb}
+    assert em.estimate({**exact, 'gpu_headroom_gb': 0.0})['fits']
+    leaving = em.estimate(exact)
+    assert not leaving['fits'] and leaving['headroom_bytes'] == int(tiny['gpu_headroom_gb'] * GIB) > 0
+    assert ', 0.50 GiB of it left free: --gpu_headroom_gb), ' in estimate_memory.report(exact, leaving)
+
+
+def test_exit_status_progress_and_json(tiny, capsys, monkeypatch):
+    """0 when the config fits, 1 when it does not (so `estimate_memory.py ... && train.py ...` gates a launch), 2 for
+    bad input; progress on stderr, so --json's stdout stays one JSON object."""
+    monkeypatch.setattr(estimate_memory, 'estimator_defaults', lambda: tiny)
+    for argv, status in ((['--gpu_memory_gb=12'], estimate_memory.FITS),
+                         (['--gpu_memory_gb=1.1', '--batch_size=4096'], estimate_memory.DOES_NOT_FIT),
+                         (['--gpu_memory_gb=1.1', '--eval_batch_size=8192'], estimate_memory.DOES_NOT_FIT),
+                         (['--gpu_memory_gb=12', '--gpu_headroom_gb=-1'], estimate_memory.BAD_INPUT)):
+        with pytest.raises(SystemExit) as exit_info:
+            estimate_memory.main(['--json', *argv])
+        assert exit_info.value.code == status, argv
+        out, err = capsys.readouterr()
+        if status != estimate_memory.BAD_INPUT:
+            result = json.loads(out)
+            assert result['fits'] == (status == estimate_memory.FITS)
+            if '--eval_batch_size=8192' in argv:  # training fits, evaluation does not: does not fit
+                assert result['total_bytes'] <= result['budget_bytes'] < result['eval_total_bytes']
+            assert 'tracing training at micro-batch' in err.splitlines()[0]
+    assert (estimate_memory.FITS, estimate_memory.DOES_NOT_FIT, estimate_memory.BAD_INPUT) == (0, 1, 2)
+
+
+def test_estimate_memory_reports_muon(weighty):
+    config = {**weighty, 'optim': 'muon'}
+    text = estimate_memory.report(config, em.estimate(config))
+    assert "Muon for the blocks' matrices, fused AdamW for the rest" in text

@@ -1,0 +1,312 @@
+"""training/memory/estimate.py: the estimate against the real train.py's peak, its breakdown, each lever
+(parallelism, checkpointing, the autocast cache, resume, the optimizers, bf16 weights), the micro-batch search and
+the ladder. Tiny models except where GPT-2 124M is the point."""
+import contextlib
+import importlib.util
+import io
+import runpy
+import sys
+from unittest import mock
+
+import pytest
+
+import estimate_memory
+from helpers import ROOT, write_char_dataset
+from model import CHUNK_ELEMENTS, VOCAB_BLOCK
+from training import optim
+from training.checkpoint import save_checkpoint
+from training.errors import ConfigError
+from training.memory import estimate as em
+from training.memory.tracer import MemoryTracer
+
+
+GIB = 2 ** 30
+
+
+def gpt2_config(batch_size, **overrides):
+    """GPT-2 124M from scratch, block 1024, bf16, one micro-step; a small evaluation batch keeps the trace short."""
+    return {**estimate_memory.estimator_defaults(), 'init_from': 'scratch', 'dataset': 'openwebtext', 'n_layer': 12,
+            'n_head': 12,
+            'n_embd': 768, 'block_size': 1024, 'bias': False, 'dropout': 0.0, 'batch_size': batch_size,
+            'gradient_accumulation_steps': 1, 'eval_batch_size': 1, 'dtype': 'bfloat16', **overrides}
+
+
+# the keys of each comparison with the real train.py: the levers the estimate must follow train.py through
+FIDELITY_CASES = {
+    'fp32': {},
+    'bf16 autocast': {'dtype': 'bfloat16'},
+    'checkpointing': {'activation_checkpointing': True},
+    'accumulation': {'gradient_accumulation_steps': 3},
+    'bf16 with checkpointing and accumulation': {'dtype': 'bfloat16', 'activation_checkpointing': True,
+                                                 'gradient_accumulation_steps': 2},
+    'adamw_bf16': {'optim': 'adamw_bf16'},
+    'optimizer_in_backward': {'optimizer_in_backward': True, 'grad_clip': 0.0},
+    # Newton-Schulz's temporaries (the Nesterov update, its bf16 copy, the Gram matrices) traced as they run
+    'muon with accumulation': {'optim': 'muon', 'gradient_accumulation_steps': 2},
+    'autocast cache with checkpointing': {'dtype': 'bfloat16', 'activation_checkpointing': True,
+                                          'autocast_cache': True},
+    'bf16 weights': {'dtype': 'bfloat16', 'weight_dtype': 'bfloat16', 'gradient_accumulation_steps': 2},
+    # rotary, RMSNorm, QK-norm, ReLU^2, an untied head and the soft-capped loss's second chunk buffer
+    'modern architecture, muon, checkpointing': {'pos_emb': 'rope', 'norm': 'rmsnorm', 'qk_norm': True, 'mlp': 'relu2',
+                                                 'tie_weights': False, 'zero_init_proj': True, 'logit_softcap': 15.0,
+                                                 'optim': 'muon', 'activation_checkpointing': True},
+    'bf16 weights, 8-bit moments, step in backward': {'dtype': 'bfloat16', 'weight_dtype': 'bfloat16',
+                                                      'optim': 'adamw_8bit', 'optimizer_in_backward': True,
+                                                      'grad_clip': 0.0},
+}
+FIDELITY_MODEL = dict(n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=8, bias=False, dropout=0.0)
+
+
+def train_py_peak(keys, data_dir, out_dir):
+    """The peak of live tensor bytes of the real train.py, run in this process on the CPU under the estimator's tracer:
+    an evaluation at iteration 0 (smaller: no optimizer state, no gradients), then 2 training iterations."""
+    argv = ['train.py', f'--data_dir={data_dir}', '--dataset=fidelity', f'--out_dir={out_dir}', '--device=cpu',
+            '--compile=False', '--max_iters=1', '--eval_iters=1', '--eval_batch_size=1', '--log_interval=1',
+            *(f'--{key}={value}' for key, value in keys.items())]
+    with MemoryTracer() as tracer, mock.patch.object(sys, 'argv', argv), contextlib.redirect_stdout(io.StringIO()):
+        runpy.run_path(str(ROOT / 'train.py'), run_name='__main__')
+    return tracer.peak
+
+
+@pytest.mark.parametrize('case', FIDELITY_CASES)
+def test_estimate_equals_the_peak_of_the_real_train_py(tmp_path, case):
+    """The estimator's own loop, model and optimizer against train.py itself: an edit to train.py's loop that changes
+    what it keeps alive shows here."""
+    if FIDELITY_CASES[case].get('optim') == 'adamw_8bit' and importlib.util.find_spec('torchao') is None:
+        pytest.skip('adamw_8bit needs torchao: pip install -r requirements-dev.txt')
+    write_char_dataset(tmp_path / 'data', 'fidelity', vocab_size=96)
+    keys = {'dtype': 'float32', 'gradient_accumulation_steps': 1, **FIDELITY_MODEL, **FIDELITY_CASES[case]}
+    real = train_py_peak(keys, tmp_path / 'data', tmp_path / 'out')
+    config = {**estimate_memory.estimator_defaults(), 'data_dir': str(tmp_path / 'data'), 'dataset': 'fidelity',
+              **keys}
+    em.check_config(config)
+    estimated = em.trace(config, evaluate=False, device_type='cpu')['train']['peak_bytes']
+    assert estimated == pytest.approx(real, rel=0.02)
+
+
+def test_breakdown_sums_to_peak_and_names_the_parts(tiny):
+    result = em.trace(tiny)
+    for phase in ('train', 'eval'):
+        assert sum(result[phase]['breakdown'].values()) == result[phase]['peak_bytes']
+    breakdown = result['train']['breakdown']
+    params = sum(p.numel() for p in em.build(tiny, False)[0].parameters())
+    assert breakdown['parameters'] >= 4 * params and breakdown['optimizer_state'] >= 8 * params
+    assert breakdown['gradients'] >= 4 * params  # 2 micro-steps: the gradients exist during the 2nd forward
+    assert breakdown['activations'] > 0 and breakdown['ddp_gradient_buckets'] == 0
+
+
+def test_ddp_adds_a_copy_of_the_gradients(tiny):
+    tiny = {**tiny, 'gradient_accumulation_steps': 4}  # 2 micro-steps per rank either way
+    single = em.trace(tiny, evaluate=False)['train']
+    ddp = em.trace({**tiny, 'world_size': 2}, evaluate=False)['train']
+    params = sum(p.numel() for p in em.build(tiny, False)[0].parameters())
+    assert ddp['breakdown']['ddp_gradient_buckets'] == pytest.approx(4 * params, abs=512)
+    assert ddp['peak_bytes'] - single['peak_bytes'] == ddp['breakdown']['ddp_gradient_buckets']
+
+
+def test_zero1_and_fsdp_split_the_per_rank_state_over_the_ranks(tiny):
+    """Rank 0's share, traced through the real sharding code over a stand-in process group."""
+    tiny = {**tiny, 'gradient_accumulation_steps': 4, 'n_layer': 4}  # FSDP gathers a block or two at a time
+    params = sum(p.numel() for p in em.build(tiny, False)[0].parameters())
+    single = em.trace(tiny, evaluate=False)['train']
+    for parallelism in ('zero1', 'fsdp'):
+        peaks, weights = [], []
+        for world_size in (2, 4):
+            result = em.trace({**tiny, 'world_size': world_size, 'parallelism': parallelism}, evaluate=False)
+            breakdown = result['train']['breakdown']
+            assert result['parallelism'] == parallelism
+            # AdamW's two fp32 moments: rank 0 holds about its 1/world_size share, a tensor or a row more at most
+            assert 8 * params / world_size <= breakdown['optimizer_state'] < 8 * params / world_size * 1.5
+            if parallelism == 'fsdp':  # no DDP bucket copy of the gradients
+                assert breakdown['ddp_gradient_buckets'] == 0
+            peaks.append(result['train']['peak_bytes'])
+            weights.append(breakdown['parameters'])
+        assert peaks[1] < peaks[0]
+        if parallelism == 'fsdp':  # shards plus the blocks gathered at the peak
+            assert weights[1] < weights[0] and weights[1] < 4 * params
+            assert peaks[0] < single['peak_bytes']
+
+
+def test_fsdp_mixed_precision_gathers_the_weights_in_half_the_bytes(tiny):
+    """Through the real fully_shard with its MixedPrecisionPolicy: the shards stay fp32 (as does the optimizer state);
+    the blocks gathered at the peak are bf16."""
+    tiny = {**tiny, 'gradient_accumulation_steps': 4, 'n_layer': 4, 'dtype': 'bfloat16', 'parallelism': 'fsdp',
+            'world_size': 2}
+    fp32, bf16 = (em.trace({**tiny, 'fsdp_mixed_precision': on}, evaluate=False)['train'] for on in (False, True))
+    shards = sum(p.numel() for p in em.build(tiny, False)[0].parameters()) * 4 / 2  # about rank 0's fp32 share
+    gathered_fp32, gathered_bf16 = (r['breakdown']['parameters'] - shards for r in (fp32, bf16))
+    assert 0.45 * gathered_fp32 < gathered_bf16 < 0.6 * gathered_fp32
+    assert bf16['breakdown']['optimizer_state'] == fp32['breakdown']['optimizer_state']
+    assert bf16['peak_bytes'] < fp32['peak_bytes']
+
+
+def test_activation_checkpointing_lowers_the_traced_activations(tiny):
+    tiny = {**tiny, 'n_layer': 4, 'batch_size': 8}  # enough blocks that their saved activations dominate
+    plain, checkpointed = (em.trace({**tiny, 'activation_checkpointing': on}, evaluate=False)['train']
+                           for on in (False, True))
+    assert checkpointed['breakdown']['activations'] < plain['breakdown']['activations'] / 2
+    assert checkpointed['peak_bytes'] < plain['peak_bytes']
+
+
+def test_resume_takes_the_model_from_the_checkpoint(tiny, tmp_path):
+    model_args = dict(n_layer=3, n_head=2, n_embd=32, block_size=16, bias=False, vocab_size=100, dropout=0.0)
+    save_checkpoint({'model': {}, 'model_args': model_args}, str(tmp_path / 'out'))
+    config = {**tiny, 'init_from': 'resume', 'out_dir': str(tmp_path / 'out'), 'block_size': 16}
+    model = em.trace(config, evaluate=False)['model']
+    assert {k: model[k] for k in ('n_layer', 'n_embd', 'block_size', 'vocab_size', 'bias')} == \
+        dict(n_layer=3, n_embd=32, block_size=16, vocab_size=100, bias=False)
+    with pytest.raises(ConfigError, match='no checkpoint at'):
+        em.trace({**config, 'out_dir': str(tmp_path / 'missing')})
+
+
+def test_naive_loss_at_batch_64_builds_the_full_logits_and_chunked_does_not():
+    naive = em.trace(gpt2_config(64), loss='naive')['train']
+    logits = {'shape': [65536, 50304], 'dtype': 'bfloat16', 'bytes': 65536 * 50304 * 2, 'category': 'loss_path'}
+    assert logits in naive['largest_loss_path_allocations'] and logits in naive['largest_allocations']
+    assert round(logits['bytes'] / GIB, 2) == 6.14  # the seeds' "Tried to allocate 6.14 GiB"
+    chunked = em.trace(gpt2_config(64))['train']
+    # the loss path holds nothing larger than its own gradients (hidden: 65536 x 768, weight: 50304 x 768, fp32),
+    # so nothing of the (65536, 50304) logits beyond a chunk
+    assert max(a['bytes'] for a in chunked['largest_loss_path_allocations']) <= 65536 * 768 * 4
+    assert chunked['largest_allocations'][0]['bytes'] < GIB // 2  # an MLP activation
+    # its gradients; under bf16 autocast the bf16 copy of the weight and a block of bf16 product on its way into the
+    # fp32 weight gradient; one chunk's fp32 logits buffer and a bf16 chunk beside it; a few MiB of (rows, d) pieces
+    gradients = (65536 + 50304) * 768 * 4
+    beyond_gradients = (50304 + VOCAB_BLOCK) * 768 * 2 + CHUNK_ELEMENTS * (4 + 2) + 8 * 2 ** 20
+    assert gradients < chunked['breakdown']['loss_path'] < gradients + beyond_gradients
+    assert naive['peak_bytes'] > chunked['peak_bytes'] + 30 * GIB
+
+
+@pytest.mark.parametrize('overrides', [
+    {'gradient_accumulation_steps': 1}, {'gradient_accumulation_steps': 2},
+    {'gradient_accumulation_steps': 4, 'activation_checkpointing': True},
+    {'gradient_accumulation_steps': 1, 'grad_clip': 0.0, 'optimizer_in_backward': True},
+    {'dtype': 'bfloat16', 'weight_dtype': 'bfloat16', 'optim': 'adamw_bf16'},
+], ids=lambda overrides: ','.join(f'{k}={v}' for k, v in overrides.items()))
+def test_warm_start_trace_has_the_same_peak_as_two_full_iterations(tiny, overrides):
+    config = {**tiny, **overrides}
+    full = em.trace(config, evaluate=False)['train']
+    warm = em.trace(config, evaluate=False, warm_start=True)['train']
+    assert (warm['peak_bytes'], warm['breakdown']) == (full['peak_bytes'], full['breakdown'])
+
+
+def test_warm_start_steps_in_backward_a_parameter_at_a_time(weighty):
+    """Where the weights' training state dominates, all the gradients at once would be the peak: the step in backward
+    never holds them."""
+    config = {**weighty, 'optimizer_in_backward': True}
+    full = em.trace(config, evaluate=False)['train']
+    warm = em.trace(config, evaluate=False, warm_start=True)['train']
+    assert (warm['peak_bytes'], warm['breakdown']) == (full['peak_bytes'], full['breakdown'])
+
+
+def test_pick_batch_size_keeps_tokens_per_step_and_fails_clearly(tiny):
+    free = em.total_bytes(em.trace(em.rebatched(tiny, 3), evaluate=False)['train']['peak_bytes'], cuda_context=False)
+    train_keys = {k: v for k, v in tiny.items() if k not in em.ESTIMATOR_DEFAULTS}  # as train.py passes it
+    # the free memory less gpu_headroom_gb, left to other programs, is the budget
+    headroom = int(tiny['gpu_headroom_gb'] * GIB)
+    assert headroom > 0
+    assert em.pick_batch_size(train_keys, free + headroom) == (3, 3)  # 3 x 3 >= the config's 4 x 2 samples per step
+    assert em.pick_batch_size(train_keys, free + headroom - 1) != (3, 3)
+    with pytest.raises(ConfigError, match='even batch_size=1 needs'):
+        em.pick_batch_size(tiny, 1000)
+
+
+def test_run_summary_gives_the_estimate_in_gib_against_the_card(tiny):
+    train_keys = {k: v for k, v in tiny.items() if k not in em.ESTIMATOR_DEFAULTS}  # as train.py passes it
+    roomy = em.run_summary(train_keys, 80 * GIB)
+    assert roomy['card_gib'] == 80 and roomy['fits']
+    # the traced tensors, then the CUDA context, workspace and fragmentation on top of them
+    assert 0 < roomy['train_peak_gib'] < roomy['total_gib'] and 0 < roomy['eval_total_gib']
+    assert not em.run_summary(train_keys, roomy['total_gib'] * GIB / 2)['fits']
+
+
+def test_autocast_cache_holds_a_copy_of_the_weights_that_off_frees(tiny):
+    """autocast's cache keeps the bf16 cast of every weight through the forward; with checkpointing nothing else
+    holds them (backward recomputes the block), so with the cache off they are gone at the peak, as in evaluation."""
+    config = {**tiny, 'dtype': 'bfloat16', 'activation_checkpointing': True, 'n_layer': 4}
+    cached, uncached = (em.trace({**config, 'autocast_cache': on}) for on in (True, False))
+    matrices = sum(p.numel() for name, p in em.build(config, True)[0].named_parameters()
+                   if p.dim() == 2 and name.startswith('transformer.h.'))
+    assert cached['train']['breakdown']['weight_copies'] >= 2 * matrices  # the blocks' matrices in bf16
+    assert uncached['train']['breakdown']['weight_copies'] < cached['train']['breakdown']['weight_copies'] / 4
+    assert uncached['train']['peak_bytes'] < cached['train']['peak_bytes']  # the peak moves to backward
+    # evaluation keeps nothing for backward: off, its peak is the cached one without the copies
+    assert uncached['eval']['peak_bytes'] == cached['eval']['peak_bytes'] - cached['eval']['breakdown']['weight_copies']
+
+
+def test_ladder_climbs_to_the_first_rung_that_fits(tiny):
+    """A budget between micro-batch 1's total without activation checkpointing and with it: the ladder stops at
+    checkpointing, with the largest micro-batch that fits there and at least the config's samples per step."""
+    tiny = {**tiny, 'n_layer': 4, 'block_size': 256, 'batch_size': 4, 'gradient_accumulation_steps': 2}
+
+    def total(config):
+        return em.total_bytes(em.trace(config, evaluate=False, warm_start=True)['train']['peak_bytes'])
+
+    plain, checkpointed = (total({**tiny, 'batch_size': 1, 'activation_checkpointing': on}) for on in (False, True))
+    budget = (plain + checkpointed) // 2
+    steps = em.ladder(tiny, budget)
+    assert [(step['rung'], step['fits']) for step in steps] == [('as configured', False),
+                                                                 ('activation checkpointing', True)]
+    last = steps[-1]
+    assert last['batch_1_total_bytes'] == checkpointed and last['total_bytes'] <= budget
+    assert last['batch_size'] * last['gradient_accumulation_steps'] >= 8
+    assert last['batch_size'] <= last['largest_batch_size']
+    largest = em.rebatched({**tiny, 'activation_checkpointing': True}, last['largest_batch_size'])
+    assert total(largest) <= budget < total(em.rebatched(largest, last['largest_batch_size'] + 1))
+
+
+needs_torchao = pytest.mark.skipif(importlib.util.find_spec('torchao') is None,
+                                   reason='adamw_8bit needs torchao: pip install -r requirements-dev.txt')
+
+
+@needs_torchao
+def test_estimator_reflects_each_lever(weighty, monkeypatch):
+    # the non-fused steps' temporaries are one chunk's: small chunks keep them small beside this model's state
+    monkeypatch.setattr(optim, 'CHUNK_ELEMENTS', 2 ** 14)
+    def traced(**overrides):
+        return em.trace({**weighty, **overrides}, evaluate=False)['train']
+    adamw, bf16, int8 = (traced(optim=name) for name in ('adamw', 'adamw_bf16', 'adamw_8bit'))
+    state = adamw['breakdown']['optimizer_state']
+    assert bf16['breakdown']['optimizer_state'] == pytest.approx(state / 2, rel=0.01)
+    assert int8['breakdown']['optimizer_state'] < 0.3 * state
+    assert adamw['peak_bytes'] > bf16['peak_bytes'] > int8['peak_bytes']
+    # in backward: the gradients of all parameters never exist at once
+    fused = traced(optimizer_in_backward=True)
+    assert fused['breakdown']['gradients'] < adamw['breakdown']['gradients'] / 4
+    assert fused['peak_bytes'] < adamw['peak_bytes'] - adamw['breakdown']['gradients'] / 2
+    with pytest.raises(ConfigError, match='gradient_accumulation_steps=2'):
+        em.check_config({**weighty, 'optimizer_in_backward': True, 'gradient_accumulation_steps': 2})
+
+
+def test_bf16_weights_halve_weights_and_gradients_in_the_estimate(weighty):
+    def traced(**overrides):
+        return em.trace({**weighty, 'dtype': 'bfloat16', **overrides}, evaluate=False)['train']['breakdown']
+    fp32, bf16 = traced(), traced(weight_dtype='bfloat16')
+    assert bf16['parameters'] == pytest.approx(fp32['parameters'] / 2, rel=0.01)
+    # half, where the peak may catch the tied embedding's two gradient contributions (embedding and loss) together
+    embedding = 256 * 256 * 2
+    assert fp32['gradients'] / 2 * 0.99 <= bf16['gradients'] <= fp32['gradients'] / 2 + embedding
+    assert bf16['optimizer_state'] == fp32['optimizer_state']  # fp32 moments still
+    assert bf16['weight_copies'] == 0  # no cast needed: the weights are bf16 already
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'dtype': 'float32'}, "weight_dtype='bfloat16' trains in bf16, not dtype='float32'"),
+    ({'optim': 'muon'}, "torch's Muon does not do"),
+    ({'weight_dtype': 'float16'}, "unknown weight_dtype 'float16'"),
+])
+def test_weight_dtype_refusals(weighty, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        em.check_config({**weighty, 'dtype': 'bfloat16', 'weight_dtype': 'bfloat16', **overrides})
+
+
+def test_estimator_traces_4_bytes_a_matrix_parameter(weighty):
+    adamw, muon = (em.trace({**weighty, 'optim': name}, evaluate=False)['train'] for name in ('adamw', 'muon'))
+    model = em.build({**weighty, 'optim': 'muon'}, False)[0]
+    matrices = sum(p.numel() for p in model.transformer.h.parameters() if p.dim() == 2)
+    rest = sum(p.numel() for p in model.parameters()) - matrices
+    assert adamw['breakdown']['optimizer_state'] == pytest.approx(8 * (matrices + rest), rel=0.01)
+    assert muon['breakdown']['optimizer_state'] == pytest.approx(4 * matrices + 8 * rest, rel=0.01)
+    assert muon['peak_bytes'] < adamw['peak_bytes']
+    zero1 = em.trace({**weighty, 'optim': 'muon', 'world_size': 2, 'parallelism': 'zero1'}, evaluate=False)['train']
+    assert zero1['breakdown']['optimizer_state'] < 0.75 * muon['breakdown']['optimizer_state']

@@ -1,0 +1,42 @@
+"""training/device.py: the device and dtype check, and the GPUs' peak FLOPS."""
+import pytest
+import torch
+
+from training.device import PEAK_TFLOPS, check_device, peak_flops
+from training.errors import ConfigError
+
+
+@pytest.mark.parametrize('device, dtype, match', [
+    ('cpu', 'float8', "unknown dtype 'float8'"),
+    ('tpu', 'float32', "device 'tpu'"),
+    ('cpu', 'float16', 'float16 needs CUDA'),
+])
+def test_check_device_errors(device, dtype, match):
+    with pytest.raises(ConfigError, match=match):
+        check_device(device, dtype)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='needs a machine without CUDA')
+def test_check_device_without_cuda():
+    with pytest.raises(ConfigError, match='CUDA is not available'):
+        check_device('cuda', 'float32')
+    assert check_device('cpu', 'bfloat16') == 'cpu'  # bf16 autocast on cpu, when asked
+
+
+def test_peak_flops_by_device_name(monkeypatch):
+    assert peak_flops('cpu') is None
+    tflops = dict(PEAK_TFLOPS)
+    # names as torch reports them, and the entry each is: the most specific one that it contains
+    names = {'NVIDIA GeForce RTX 3060': 'RTX 3060', 'NVIDIA GeForce RTX 3060 Ti': 'RTX 3060 Ti',
+             'NVIDIA A100-SXM4-80GB': 'A100', 'NVIDIA A10G': 'A10G', 'NVIDIA H100 PCIe': 'H100 PCIe',
+             'NVIDIA H100 80GB HBM3': 'H100', 'NVIDIA L40S': 'L40S', 'NVIDIA L4': 'L4'}
+    for name, key in names.items():
+        monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device, name=name: name)
+        assert peak_flops('cuda:0') == (tflops[key] * 1e12, name)
+    for key, value in PEAK_TFLOPS:  # no entry is hidden by a shorter one before it ('RTX 3060' in 'RTX 3060 Ti')
+        name = f'NVIDIA GeForce {key}'
+        monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device, name=name: name)
+        assert peak_flops('cuda:0') == (value * 1e12, name)
+    for name in ('NVIDIA GeForce RTX 3060 Laptop GPU', 'Some Future GPU'):
+        monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device, name=name: name)
+        assert peak_flops('cuda') is None

@@ -1,0 +1,284 @@
+"""training/optim.py: the optimizer fused into backward gives the standard loop's parameters; AdamW with bf16
+moments and torchao's 8-bit AdamW train like AdamW with the state they promise; bf16 weights round stochastically;
+optim='muon' (torch's Muon on the blocks' matrices, AdamW on the rest) steps as torch's two optimizers and resumes
+exactly; the checks refuse what cannot run with one line."""
+import importlib.util
+import io
+import sys
+
+import pytest
+import torch
+
+from helpers import tiny_gpt, train_steps
+from training import optim
+from training.errors import ConfigError
+from training.memory.tracer import inner_tensors
+
+
+needs_torchao = pytest.mark.skipif(importlib.util.find_spec('torchao') is None,
+                                   reason='adamw_8bit needs torchao: pip install -r requirements-dev.txt')
+LOW_MEMORY = ['adamw_bf16', pytest.param('adamw_8bit', marks=needs_torchao)]
+
+
+OPTIMIZER = dict(learning_rate=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.95, weight_dtype='float32',
+                 optimizer_in_backward=False)
+MUON = dict(OPTIMIZER, optim='muon', learning_rate=1e-3, muon_learning_rate=0.02, muon_momentum=0.95)
+
+
+def gpt_and_optimizer(optim_name='adamw', in_backward=False):
+    """A 2-layer GPT whose weight matrices all have >= 4096 elements (torchao quantizes those), and train.py's
+    optimizer of it; with biases under Muon, so the blocks hold 1-D parameters too."""
+    model = tiny_gpt(n_embd=64, vocab_size=96, bias=optim_name == 'muon')
+    config = {**(MUON if optim_name == 'muon' else OPTIMIZER), 'optim': optim_name,
+              'optimizer_in_backward': in_backward}
+    return model, optim.build_optimizer(model, config, 'cpu')
+
+
+@pytest.mark.parametrize('optim_name', ['adamw', 'muon'])
+def test_in_backward_step_gives_the_standard_loops_parameters(optim_name):
+    """Muon too: it orthogonalizes each matrix on its own, so stepping each parameter as backward finishes it is
+    exact."""
+    standard_model, standard = gpt_and_optimizer(optim_name)
+    fused_model, fused = gpt_and_optimizer(optim_name, in_backward=True)
+    assert train_steps(standard_model, [standard], 4) == train_steps(fused_model, [fused], 4)
+    for a, b in zip(standard_model.parameters(), fused_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+    # the checkpoint's optimizer state has the standard optimizer's layout and values, and loads either way
+    saved, expected = fused.state_dict(), standard.state_dict()
+    assert [g['params'] for g in saved['param_groups']] == [g['params'] for g in expected['param_groups']]
+    assert saved['state'].keys() == expected['state'].keys()
+    for index, state in expected['state'].items():
+        for key, value in state.items():
+            torch.testing.assert_close(saved['state'][index][key], value, rtol=0, atol=1e-7)
+    gpt_and_optimizer(optim_name)[1].load_state_dict(saved)
+    gpt_and_optimizer(optim_name, in_backward=True)[1].load_state_dict(expected)
+
+
+def moment_bytes(optimizer):
+    state = [t for values in optimizer.state.values() for value in values.values() for t in inner_tensors(value)]
+    return sum(t.nbytes for t in state if t.dim() > 0)  # not the scalar step counters
+
+
+@pytest.mark.parametrize('optim_name', LOW_MEMORY)
+def test_low_memory_optimizers_train_like_adamw_with_smaller_state(optim_name):
+    adamw_model, adamw = gpt_and_optimizer()
+    model, optimizer = gpt_and_optimizer(optim_name)
+    reference, losses = train_steps(adamw_model, [adamw], 20), train_steps(model, [optimizer], 20)
+    assert losses[-1] < 0.5 * losses[0]
+    assert losses[-1] == pytest.approx(reference[-1], rel=0.1, abs=0.05)
+    params = list(model.parameters())
+    if optim_name == 'adamw_bf16':  # both moments in 2 bytes instead of 4
+        assert moment_bytes(optimizer) * 2 == moment_bytes(adamw)
+    else:  # quantized tensors: 1 byte an element, a fp32 scale per block of 256 and a 256-entry fp32 code map
+        quantized = [p.numel() for p in params if p.numel() >= 4096 and p.numel() % 256 == 0]
+        small = [p.numel() for p in params if not (p.numel() >= 4096 and p.numel() % 256 == 0)]
+        assert moment_bytes(optimizer) == sum(2 * (n + 4 * n // 256 + 4 * 256) for n in quantized) + 8 * sum(small)
+        assert moment_bytes(optimizer) < 0.3 * moment_bytes(adamw)
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'gradient_accumulation_steps': 2}, '--gradient_accumulation_steps=1'),
+    ({'grad_clip': 1.0}, '--grad_clip=0.0'),
+    ({'dtype': 'float16'}, '--dtype=bfloat16'),
+    ({'world_size': 2}, 'one process'),
+    ({'auto_batch_size': True}, 'auto_batch_size'),
+    ({'optim': 'adam8', 'optimizer_in_backward': False}, "unknown optim 'adam8'"),
+])
+def test_check_config_names_the_conflict(overrides, message):
+    config = {**IN_BACKWARD, **overrides}
+    with pytest.raises(ConfigError, match=message):
+        optim.check_config(config, config.pop('world_size', 1))
+
+
+IN_BACKWARD = {'optim': 'adamw', 'optimizer_in_backward': True, 'gradient_accumulation_steps': 1, 'grad_clip': 0.0,
+               'dtype': 'float32', 'auto_batch_size': False, 'weight_dtype': 'float32', 'parallelism': 'ddp',
+               'learning_rate': 6e-4, 'beta1': 0.9, 'beta2': 0.95, 'weight_decay': 0.1}
+
+
+def test_in_backward_lists_every_conflict_in_one_line_the_process_count_first():
+    """Under torchrun the process count is what explains the rest; every fix shows at once, not one a run."""
+    config = {**IN_BACKWARD, 'gradient_accumulation_steps': 2, 'grad_clip': 1.0, 'dtype': 'float16'}
+    with pytest.raises(ConfigError) as error:
+        optim.check_config(config, 2)
+    message = str(error.value)
+    assert '\n' not in message and message.startswith('optimizer_in_backward=True conflicts with 2 processes')
+    fixes = ['without torchrun', '--gradient_accumulation_steps=1', '--grad_clip=0.0', '--dtype=bfloat16',
+             '--optimizer_in_backward=False']
+    assert all(fix in message for fix in fixes)
+    assert [message.index(fix) for fix in fixes] == sorted(message.index(fix) for fix in fixes)
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'learning_rate': -1.0}, 'learning_rate must be positive, got -1.0: e.g. --learning_rate=6e-4'),
+    ({'learning_rate': 0.0}, 'learning_rate must be positive'),
+    ({'beta2': 1.5}, "beta2 is a moment's decay rate in [0, 1), got 1.5: e.g. --beta2=0.95"),
+    ({'beta1': -0.1}, "beta1 is a moment's decay rate in [0, 1), got -0.1: e.g. --beta1=0.9"),
+    ({'weight_decay': -1.0}, 'weight_decay must be 0 or more, got -1.0'),
+    ({'grad_clip': -1.0}, 'grad_clip is a norm, 0 or more, got -1.0'),
+])
+def test_hyperparameters_out_of_range_are_refused_before_torch_sees_them(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        optim.check_config({**IN_BACKWARD, 'optimizer_in_backward': False, **overrides}, 1)
+    assert message in str(error.value) and '\n' not in str(error.value)
+    optim.check_config({**IN_BACKWARD, 'optimizer_in_backward': False, 'beta2': 0.0, 'weight_decay': 0.0}, 1)
+
+
+def test_missing_torchao_names_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, 'torchao.optim', None)  # import torchao.optim raises ImportError
+    with pytest.raises(ConfigError, match='pip install torchao'):
+        optim.require('adamw_8bit')
+
+
+# -----------------------------------------------------------------------------
+# bf16 weights (weight_dtype='bfloat16'): no fp32 copy, every update rounded stochastically
+
+def test_stochastic_rounding_is_unbiased_and_lands_on_a_neighbour():
+    torch.manual_seed(0)
+    x = torch.tensor([1.0 + 2 ** -10, -3.0 - 2 ** -9 - 2 ** -11, 1e-3 * (1 + 2 ** -12)])  # between bf16 values
+    below = x.to(torch.bfloat16).float()  # a neighbour; the other is one bf16 step further from zero
+    draws = torch.stack([_rounded(x) for _ in range(4000)])
+    steps = draws - below
+    assert set(draws.view(-1).tolist()) <= set(below.tolist()) | set((below + steps.abs().amax(0) * x.sign()).tolist())
+    assert draws.mean(0) == pytest.approx(x.tolist(), rel=2e-4)  # a draw's error is up to 2**-8: 4000 average it out
+    exact = torch.tensor([1.5, -2.0])  # representable: never moves
+    assert all(torch.equal(_rounded(exact), exact) for _ in range(10))
+
+
+def _rounded(x):
+    stored = torch.empty_like(x, dtype=torch.bfloat16)
+    optim._store_bf16_stochastic(stored, x.clone())
+    return stored.float()
+
+
+def test_sliced_adamw_on_fp32_weights_is_torchs_adamw():
+    reference_model, reference = gpt_and_optimizer()
+    model, _ = gpt_and_optimizer()
+    sliced = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu', optim.SlicedAdamW)
+    assert train_steps(model, [sliced], 5) == pytest.approx(train_steps(reference_model, [reference], 5), abs=1e-6)
+    for a, b in zip(model.parameters(), reference_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_a_bf16_weight_update_lands_on_a_neighbour_of_the_fp32_update():
+    """One step from the same weights and gradients: each bf16 weight is torch's fp32 update rounded down or up."""
+    torch.manual_seed(0)
+    weights = torch.randn(3000, dtype=torch.bfloat16) * 0.02
+    grads = torch.randn(3000, dtype=torch.bfloat16) * 1e-3
+    fp32 = torch.nn.Parameter(weights.float())
+    bf16 = torch.nn.Parameter(weights.clone())
+    reference = torch.optim.AdamW([fp32], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, foreach=False)
+    ours = optim.optimizer_class('adamw', 'bfloat16')([bf16], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    fp32.grad, bf16.grad = grads.float(), grads.clone()
+    reference.step()
+    ours.step()
+    nearest = fp32.detach().to(torch.bfloat16).float()
+    ulp = nearest.abs().mul(2 ** -7).clamp(min=2 ** -133)  # a bf16 step near the value (8 significant bits)
+    assert bf16.dtype == torch.bfloat16 and ((bf16.float() - fp32).abs() <= ulp * 1.001).all()
+    assert (bf16.float() != nearest).any() and (bf16.float() == nearest).any()  # rounded both ways, not to nearest
+
+
+def test_loaded_moments_keep_their_dtype():
+    """torch's load_state_dict casts moments to the parameters' dtype: bf16 moments would double after a resume."""
+    model, optimizer = gpt_and_optimizer('adamw_bf16')
+    train_steps(model, [optimizer], 1)
+    fresh_model, fresh = gpt_and_optimizer('adamw_bf16')
+    fresh.load_state_dict(optimizer.state_dict())
+    assert {t.dtype for state in fresh.state.values() for t in state.values() if t.dim()} == {torch.bfloat16}
+
+
+BLOCK_MATRICES = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+
+
+def assert_same_parameters(a, b):
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_muon_groups_hold_exactly_the_blocks_matrices():
+    model, optimizer = gpt_and_optimizer('muon')
+    names = {p: name for name, p in model.named_parameters()}
+    [muon] = [group for group in optimizer.param_groups if group['muon']]
+    assert sorted(names[p] for p in muon['params']) == sorted(f'transformer.h.{i}.{name}' for i in range(2)
+                                                              for name in BLOCK_MATRICES)
+    assert (muon['lr'], muon['momentum'], muon['weight_decay']) == (0.02, 0.95, 0.1)
+    decay, no_decay = [group for group in optimizer.param_groups if not group['muon']]
+    # the tied token embedding (lm_head) and the position embedding: AdamW, decayed as nanoGPT's 2-D tensors
+    assert sorted(names[p] for p in decay['params']) == ['transformer.wpe.weight', 'transformer.wte.weight']
+    assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
+    assert all(p.dim() == 1 for p in no_decay['params'])  # LayerNorms and biases, blocks' included
+    assert len(muon['params']) + len(decay['params']) + len(no_decay['params']) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize('scaled', [False, True])
+def test_steps_equal_torchs_muon_and_adamw_on_the_same_groups(scaled):
+    """Also through GradScaler (fp16's; its power-of-two scale unscales exactly), which steps it as any optimizer."""
+    model, optimizer = gpt_and_optimizer('muon')
+    reference, _ = gpt_and_optimizer('muon')
+    groups = optim.muon_param_groups(reference, MUON)
+    muon = torch.optim.Muon(groups[:1], lr=0.02, momentum=0.95)
+    adamw = torch.optim.AdamW(groups[1:], lr=1e-3, betas=(0.9, 0.95))
+    scalers = [torch.amp.GradScaler('cpu') if scaled else None for _ in range(2)]
+    train_steps(model, [optimizer], 3, scaler=scalers[0])
+    train_steps(reference, [muon, adamw], 3, scaler=scalers[1])
+    assert_same_parameters(model, reference)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        expected = (muon.state if q in muon.state else adamw.state)[q]
+        assert optimizer.state[p].keys() == expected.keys()
+        assert all(torch.equal(optimizer.state[p][k], v) for k, v in expected.items())
+
+
+def test_state_dict_resumes_exactly():
+    """Torch's layout, both optimizers' state in one dict (Muon's momentum for the matrices, AdamW's moments for the
+    rest), through torch.save and a weights_only load as train.py's checkpoint; the resumed steps repeat."""
+    model, optimizer = gpt_and_optimizer('muon')
+    train_steps(model, [optimizer], 2)
+    buffer = io.BytesIO()
+    torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, buffer)
+    train_steps(model, [optimizer], 3, first=2)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    kinds = {frozenset(state) for state in saved['optimizer']['state'].values()}
+    assert kinds == {frozenset(['momentum_buffer']), frozenset(['step', 'exp_avg', 'exp_avg_sq'])}
+    resumed, resumed_optimizer = gpt_and_optimizer('muon')
+    resumed.load_state_dict(saved['model'])
+    resumed_optimizer.load_state_dict(saved['optimizer'])
+    train_steps(resumed, [resumed_optimizer], 3, first=2)
+    assert_same_parameters(resumed, model)
+
+
+def test_torch_without_muon_is_one_line(monkeypatch):
+    monkeypatch.delattr(torch.optim, 'Muon')
+    with pytest.raises(ConfigError, match=r"optim='muon' needs torch.optim.Muon, new in torch 2.9"):
+        optim.require('muon')
+
+
+@pytest.mark.parametrize('overrides, world_size, message', [
+    ({'parallelism': 'fsdp'}, 2, "optim='muon' orthogonalizes each whole weight matrix"),
+    ({'muon_momentum': 1.0}, 1, 'muon_momentum must be in [0, 1)'),
+    ({'muon_learning_rate': -0.02}, 1, 'muon_learning_rate must be 0 or more, got -0.02'),
+])
+def test_check_config_refuses_with_one_line(overrides, world_size, message):
+    config = {**MUON, 'parallelism': 'ddp', 'gradient_accumulation_steps': 1, 'grad_clip': 1.0,
+              'dtype': 'float32', 'weight_dtype': 'float32', **overrides}
+    with pytest.raises(ConfigError) as error:
+        optim.check_config(config, world_size)
+    assert message in str(error.value) and '\n' not in str(error.value)
+    optim.check_config({**config, 'parallelism': 'fsdp', 'muon_learning_rate': 0.02, 'muon_momentum': 0.95}, 1)
+
+
+def test_untied_head_and_embeddings_get_their_own_learning_rates_and_momentum_warms_up():
+    model = tiny_gpt(n_embd=64, vocab_size=96, bias=True, pos_emb='rope', tie_weights=False)
+    config = {**MUON, 'embedding_learning_rate': 0.3, 'head_learning_rate': 0.004, 'muon_momentum_warmup_iters': 4}
+    optimizer = optim.build_optimizer(model, config, 'cpu')
+    names = {p: name for name, p in model.named_parameters()}
+    muon, embedding, head, no_decay = optimizer.param_groups
+    assert [names[p] for p in embedding['params']] == ['transformer.wte.weight']
+    assert [names[p] for p in head['params']] == ['lm_head.weight'] and head['weight_decay'] == 0.1
+    # train.py's scheduled learning_rate at half its peak: every group at half of its own peak
+    assert [optim.group_lr(group, 5e-4, config) for group in optimizer.param_groups] == pytest.approx(
+        [0.01, 0.15, 0.002, 5e-4])
+    assert [optim.muon_momentum_at(it, config) for it in (0, 2, 4, 100)] == pytest.approx([0.85, 0.9, 0.95, 0.95])
+    assert optim.muon_momentum_at(0, MUON) == 0.95  # no warmup: muon_momentum from the start
+    # unset (0), each group follows learning_rate, as before the keys existed
+    assert [optim.group_lr(group, 5e-4, MUON) for group in optimizer.param_groups] == pytest.approx(
+        [0.01, 5e-4, 5e-4, 5e-4])
