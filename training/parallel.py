@@ -120,9 +120,10 @@ TIMED_OUT, PEER_GONE = ('Timed out',), ('Connection closed by peer', 'Connection
 
 
 def collective_failure(exc, timeout):
-    """(one-line message, secondary) if `exc` is a collective that failed because another process stopped answering
-    (a stopped or crashed rank, a wedged GPU, a lost node), naming the collective and the train.py line that ran it;
-    secondary where the other process is gone, and reports why itself. None for any other error."""
+    """(one-line message, training.errors.report's options) if `exc` is a collective that failed because another
+    process stopped answering (a stopped or crashed rank, a wedged GPU, a lost node), naming the collective and the
+    train.py line that ran it: every rank's own error, secondary where the other process is gone and reports why
+    itself. None for any other error. The form errors.on_error takes."""
     secondary = any(text in str(exc) for text in PEER_GONE)
     if not (isinstance(exc, getattr(torch.distributed, 'DistError', ())) or secondary or
             any(text in str(exc) for text in TIMED_OUT)):
@@ -136,7 +137,7 @@ def collective_failure(exc, timeout):
                f'timeout={timeout:g}s ({first_line(exc)}): look for an error in the other ranks\' output first; a '
                f'stopped process, a hung GPU or a lost node stalls every rank; raise --timeout only if a rank is '
                f'legitimately slower (a large checkpoint on a slow disk)')
-    return message, secondary
+    return message, dict(every_rank=True, secondary=secondary)
 
 
 def exit_with_launcher(poll_seconds=2.0):

@@ -22,12 +22,12 @@ def all_reduce_in_estimate_loss():
 
 
 def test_collective_failure_names_the_collective_and_what_to_check():
-    message, secondary = collective_failure(all_reduce_in_estimate_loss(), 5)
-    assert message.startswith('all_reduce at train.py line 2 (') and not secondary
+    message, options = collective_failure(all_reduce_in_estimate_loss(), 5)
+    assert message.startswith('all_reduce at train.py line 2 (') and options == dict(every_rank=True, secondary=False)
     assert 'within timeout=5s (' in message and 'Timed out waiting 5000ms' in message and '--timeout' in message
     assert '\n' not in message
     assert collective_failure(RuntimeError('mat1 and mat2 shapes cannot be multiplied'), 5) is None
     try:
         raise RuntimeError('[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:43719')
     except RuntimeError as gone:
-        assert collective_failure(gone, 5)[1]  # secondary: the rank that is gone reports why
+        assert collective_failure(gone, 5)[1] == dict(every_rank=True, secondary=True)  # the rank gone says why
