@@ -1,8 +1,7 @@
 # GPT-2 (124M) on OpenWebText on one 12 GB card (e.g. RTX 3060 12GB, RTX 4070): nanoGPT's config/train_gpt2.py
 # with the batch reshaped so it fits. Prepare the data first: python prepare/openwebtext.py
 # $ python train.py config/train_openwebtext_12gb.py
-# Memory at batch 8 x 1024, roughly: weights + grads + AdamW state 16 bytes/param ~2 GB, activations ~2.5-3 GB,
-# loss ~0.1 GB. Check on your card with estimate_memory.py before a long run.
+# What it needs: python estimate_memory.py config/train_openwebtext_12gb.py --gpu_memory_gb=12 (docs/memory.md).
 
 dataset = 'openwebtext'
 
@@ -10,12 +9,11 @@ dataset = 'openwebtext'
 # 8 batch size * 1024 block size * 64 gradaccum = 524,288 tokens
 # (train.py divides gradient_accumulation_steps by the number of DDP processes, so the tokens per step stay the
 # same on more GPUs; 64 divides evenly by 1, 2, 4 and 8)
-batch_size = 8  # ~5-6 GB in all: headroom for the desktop, allocator fragmentation and compile's workspace
+batch_size = 8  # leaves room on a 12 GB card for the desktop, allocator fragmentation and compile's workspace
 block_size = 1024  # GPT-2's context; activation memory grows linearly with it (flash attention, no T x T scores)
 gradient_accumulation_steps = 64
-# The loss is chunked: the (B*T, 50304) logits are never materialized. In nanoGPT they alone are 8*1024*50304
-# fp32 values = 1.6 GB, plus their gradient and low-precision copies, which is what pushes 12 GB cards out of memory.
-activation_checkpointing = False  # not needed for 124M at batch 8; True frees ~2.5 GB for ~30% more compute
+# The loss is chunked: the (B*T, vocab) logits, which push 12 GB cards out of memory in nanoGPT, never exist.
+activation_checkpointing = False  # not needed for 124M at batch 8; True frees most activations for one more forward
 
 # Evaluation runs under no_grad, so it keeps no activations for backward and a larger batch fits.
 eval_batch_size = 16  # 0 would mean the same as batch_size
