@@ -7,6 +7,7 @@ import torch
 
 from helpers import logged_losses, train
 from model import GPT, GPTConfig
+from training import optim
 
 
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec('torchao') is None,
@@ -55,6 +56,8 @@ def test_train_and_resume_with_each_lever(data_dir, tmp_path, levers):
     resumed = train(data_dir, out, '--max_iters=6', '--eval_interval=3', '--init_from=resume', *levers)
     assert resumed.returncode == 0, resumed.stderr
     assert logged_losses(resumed.stdout) == {6: losses[6]}
+    if '--optim=adamw_8bit' in levers:
+        optim.require('adamw_8bit')  # torchao's import allows its 8-bit state in a weights_only load, as in train.py
     weights = torch.load(out / 'ckpt.pt', weights_only=True)['model']
     assert {v.dtype for v in weights.values()} == {torch.bfloat16 if BF16_WEIGHTS[1] in levers else torch.float32}
     nanogpt_model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=34, bias=False))
