@@ -97,8 +97,12 @@ def install_handler():
     _handlers[:] = [(ConfigError, str)]
 
     def excepthook(exc_type, exc, tb):
+        # torch.distributed's own excepthook wraps this one and collects its stderr to prefix it with the rank: the
+        # one line goes to the process's stderr itself, since this process exits before that hook writes anything
+        captured, sys.stderr = sys.stderr, sys.__stderr__
         if report_failure(exc):
             _exit_now()
+        sys.stderr = captured
         sys.__excepthook__(exc_type, exc, tb)
 
     sys.excepthook = excepthook
