@@ -2,8 +2,8 @@
 position within block_size runs through the model once."""
 import pytest
 import torch
-from torch.nn import functional as F
 
+import gpt2_model_reference
 import model as model_lib
 from helpers import tiny_gpt
 from model import KVCache
@@ -28,20 +28,10 @@ def large_weights_gpt(**options):
     return model
 
 
-@torch.no_grad()
 def nanogpt_generate(model, idx, max_new_tokens, temperature=1.0, top_k=None):
-    """nanoGPT's GPT.generate, verbatim but for comments: the whole (cropped) sequence runs again for each token."""
-    for _ in range(max_new_tokens):
-        idx_cond = idx if idx.size(1) <= model.config.block_size else idx[:, -model.config.block_size:]
-        logits, _ = model(idx_cond)
-        logits = logits[:, -1, :] / temperature
-        if top_k is not None:
-            v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-            logits[logits < v[:, [-1]]] = -float('Inf')
-        probs = F.softmax(logits, dim=-1)
-        idx_next = torch.multinomial(probs, num_samples=1)
-        idx = torch.cat((idx, idx_next), dim=1)
-    return idx
+    """nanoGPT's GPT.generate (tests/gpt2_model_reference.py's, unchanged) on `model`: the whole (cropped) sequence
+    runs again for each token."""
+    return gpt2_model_reference.GPT.generate(model, idx, max_new_tokens, temperature=temperature, top_k=top_k)
 
 
 @pytest.mark.parametrize('options', [{}, MODERN], ids=['gpt2', 'modern'])
