@@ -7,34 +7,12 @@ import pytest
 import tiktoken
 import torch
 
-from helpers import MODERN_ARCH_ARGS, TINY_ARGS, gpt2_cached, patched_env, run_script, tiny_encoding, torchrun
+from helpers import HELLASWAG_EXAMPLES as EXAMPLES
+from helpers import (MODERN_ARCH_ARGS, TINY_ARGS, gpt2_cached, patched_env, run_script, tiny_encoding, torchrun,
+                     write_jsonl)
 from model import GPT, GPTConfig
 from training.checkpoint import save_checkpoint
 from training.hellaswag import evaluate, read_examples
-
-
-# as in HellaSwag's files, with the fields the scorer ignores
-EXAMPLES = [
-    dict(ind=0, activity_label='Cats', ctx='The cat sat on the', endings=['mat.', 'moon', 'sofa and slept', 'a'],
-         label=0, split='val'),
-    dict(ind=1, activity_label='Cooking', ctx='She cracks two eggs into the bowl and then she',
-         endings=['whisks them.', 'sings', 'puts the bowl in the oven with the shells', 'x'], label=2, split='val'),
-    dict(ind=2, activity_label='Roof', ctx='A man is sitting on a roof. he',
-         endings=['is using wrap to wrap', 'is ripping tiles off.', 'holds a cube.', 'starts pulling up'], label=3,
-         split='val'),
-    dict(ind=3, activity_label='Tea', ctx='Tea', endings=['is hot.', 'the', 'in the pot', 'er'], label=1, split='val'),
-    dict(ind=4, activity_label='Run', ctx='They run along the beach until the sun', endings=['sets.', 'is', 'the', ''],
-         label=0, split='val'),
-    dict(ind=5, activity_label='Dog', ctx='The dog', endings=['barks at the', 'the the', 'sleeps.', 'in'], label=2,
-         split='val'),
-    dict(ind=6, activity_label='Rain', ctx='It rained all day, so they stayed inside and',
-         endings=['played cards', 'sunbathed', 'the', 'slept in their beds'], label=0, split='val'),
-]
-
-
-def write_jsonl(path, examples):
-    path.write_text(''.join(json.dumps(example) + '\n' for example in examples), encoding='utf-8')
-    return path
 
 
 # -----------------------------------------------------------------------------
