@@ -1,48 +1,16 @@
 """export_hf.py in a subprocess: a character model's tokenizer is its dataset's, one without its meta.pkl is
 refused before writing, and train.py finetunes from the export."""
-import os
 
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers import TINY_ARGS, run_script, write_char_dataset
-from model import GPT, GPTConfig
+from helpers import TINY_ARGS, assert_same_model, run_script, trained_like_gpt, write_char_dataset, write_checkpoint
 from training.checkpoint import load_model
 from training.meta import load_meta
 
 
-ARGS = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, bias=True, vocab_size=40, dropout=0.0)
 
 
-def trained_like_gpt(seed, tied=True, **args):
-    """A GPT whose weights are random but not init-shaped (biases and LayerNorms nonzero), as after training."""
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(**{**ARGS, **args}, tie_weights=tied))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
 
-
-def write_checkpoint(out_dir, model, prefix='', dtype=torch.float32, data_dir=None):
-    os.makedirs(out_dir, exist_ok=True)
-    state = {prefix + k: v.to(dtype) for k, v in model.state_dict().items()}
-    config = {'data_dir': str(data_dir), 'dataset': 'tiny_char'} if data_dir else {}
-    torch.save({'model': state, 'model_args': dict(model.config.__dict__), 'config': config},
-               os.path.join(out_dir, 'ckpt.pt'))
-
-
-def assert_same_model(ours, theirs):
-    """Every position's logits (ours: the last position of each prefix) to 1e-5 in fp32, and greedy tokens equal."""
-    torch.manual_seed(1)
-    idx = torch.randint(0, ours.config.vocab_size, (2, ours.config.block_size))
-    with torch.no_grad():
-        their_logits = theirs(idx).logits
-        our_logits = torch.cat([ours(idx[:, :t])[0] for t in range(1, idx.shape[1] + 1)], dim=1)
-        torch.testing.assert_close(their_logits, our_logits, atol=1e-5, rtol=0)
-        prompt = idx[:1, :4]
-        greedy = theirs.generate(prompt, max_new_tokens=12, do_sample=False)
-        assert torch.equal(greedy, ours.generate(prompt, 12, top_k=1))
 
 
 def test_character_tokenizer_is_the_datasets(tmp_path):

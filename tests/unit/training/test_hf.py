@@ -2,7 +2,6 @@
 GPT it came from (tied or not, with or without biases, bf16 weights, wrapped names), the gpt2 tokenizer is
 tiktoken's, and a local GPT-2 folder is an init_from as the gpt2* names are."""
 import json
-import os
 
 import pytest
 import tiktoken
@@ -10,32 +9,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 import configurator
-from helpers import gpt2_cached, write_char_dataset
-from model import GPT, GPTConfig
+from helpers import HF_ARGS as ARGS
+from helpers import assert_same_model, gpt2_cached, trained_like_gpt, write_char_dataset, write_checkpoint
 from training import hf, rules
 from training.checkpoint import load_checkpoint, load_model, pretrained_model
 from training.errors import ConfigError
 
 
-ARGS = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, bias=True, vocab_size=40, dropout=0.0)
 
 
-def trained_like_gpt(seed, tied=True, **args):
-    """A GPT whose weights are random but not init-shaped (biases and LayerNorms nonzero), as after training."""
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(**{**ARGS, **args}, tie_weights=tied))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
-
-
-def write_checkpoint(out_dir, model, prefix='', dtype=torch.float32, data_dir=None):
-    os.makedirs(out_dir, exist_ok=True)
-    state = {prefix + k: v.to(dtype) for k, v in model.state_dict().items()}
-    config = {'data_dir': str(data_dir), 'dataset': 'tiny_char'} if data_dir else {}
-    torch.save({'model': state, 'model_args': dict(model.config.__dict__), 'config': config},
-               os.path.join(out_dir, 'ckpt.pt'))
 
 
 def export(out_dir, hf_dir, meta_path):
@@ -44,18 +26,6 @@ def export(out_dir, hf_dir, meta_path):
     hf.check_exportable(checkpoint, 'ckpt.pt')
     hf.export(checkpoint, hf.tokenizer_for(checkpoint['model_args'], meta_path), str(hf_dir))
 
-
-def assert_same_model(ours, theirs):
-    """Every position's logits (ours: the last position of each prefix) to 1e-5 in fp32, and greedy tokens equal."""
-    torch.manual_seed(1)
-    idx = torch.randint(0, ours.config.vocab_size, (2, ours.config.block_size))
-    with torch.no_grad():
-        their_logits = theirs(idx).logits
-        our_logits = torch.cat([ours(idx[:, :t])[0] for t in range(1, idx.shape[1] + 1)], dim=1)
-        torch.testing.assert_close(their_logits, our_logits, atol=1e-5, rtol=0)
-        prompt = idx[:1, :4]
-        greedy = theirs.generate(prompt, max_new_tokens=12, do_sample=False)
-        assert torch.equal(greedy, ours.generate(prompt, 12, top_k=1))
 
 
 @pytest.mark.parametrize('tied, bias, dtype, prefix', [
