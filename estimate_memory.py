@@ -30,9 +30,9 @@ from training.memory.estimate import (ESTIMATOR_DEFAULTS, FRAGMENTATION, GIB, LO
 FITS, DOES_NOT_FIT, BAD_INPUT = 0, 1, 2  # exit statuses (fail() exits 2 for bad input)
 
 ALLOWANCE_NOTES = {  # the allowance's numbers and why, for the report
-    'cuda_context_bytes': "CUDA context: driver state and kernels of CUDA 12 and PyTorch 2.x (0.3-0.6 GiB), outside "
-                          "PyTorch's counters",
-    'workspace_bytes': 'workspaces: cuBLAS keeps up to 32 MiB per handle and stream, attention kernels a few MiB',
+    'cuda_context_bytes': "CUDA context: driver state and loaded kernels, outside PyTorch's counters "
+                          "(--measure shows your card's)",
+    'workspace_bytes': 'workspaces: cuBLAS keeps one per handle and stream, attention kernels a few MiB',
     'fragmentation_bytes': f'fragmentation: {FRAGMENTATION:.0%} of the peak, as the caching allocator reserves more '
                            f'than it allocates'}
 PARALLELISM_NOTES = {  # what the per-rank figures above mean, for world_size > 1

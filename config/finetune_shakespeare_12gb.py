@@ -36,7 +36,7 @@ max_iters = 20
 optim = 'adamw_8bit'
 
 # recompute each block in backward instead of keeping its activations: at batch 1 this saves most of the activation
-# memory for ~30% more compute
+# memory for one more forward of each block
 activation_checkpointing = True
 
 # finetune at constant LR

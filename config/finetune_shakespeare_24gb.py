@@ -34,8 +34,8 @@ max_iters = 20
 # the AdamW moments in 8 bits (torchao), block-wise scaled: 3.4 GiB instead of 11.6 GiB
 optim = 'adamw_8bit'
 
-# recompute each block in backward instead of keeping its activations: most of the activation memory, ~30% more
-# compute
+# recompute each block in backward instead of keeping its activations: most of the activation memory, for one more
+# forward of each block
 activation_checkpointing = True
 
 # finetune at constant LR

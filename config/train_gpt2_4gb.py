@@ -4,8 +4,8 @@
 # $ python estimate_memory.py config/train_gpt2_4gb.py --gpu_memory_gb=4
 # $ python train.py config/train_gpt2_4gb.py
 # The weights, gradients and AdamW state (16 bytes a parameter, 1.9 GiB) take half the card; activation checkpointing
-# keeps one block's activations instead of twelve, for about 30% more compute. Cards before Ampere (GTX 16 and RTX 20
-# series) have no bf16: dtype defaults to float16 there, with a GradScaler, in the same memory.
+# keeps one block's activations instead of twelve, for one more forward of each block. Cards before Ampere (GTX 16
+# and RTX 20 series) have no bf16: dtype defaults to float16 there, with a GradScaler, in the same memory.
 
 dataset = 'openwebtext'
 

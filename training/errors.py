@@ -39,13 +39,9 @@ def fail(message, every_rank=False, secondary=False):
 
 
 def report(message, every_rank=False, secondary=False):
-    """Print `error: message` on stderr, once for all ranks where they share the error.
-
-    Under torchrun every rank runs the same checks and would print the same line: rank 0 prints it for all. Another
-    rank waits first, for torchrun to stop it once rank 0 has failed the same way; if it is still running then, the
-    error was its own, and it prints it with its rank, as it does at once with every_rank (a failure of this rank's
-    own, such as an out-of-memory error). A secondary error, the consequence of another rank's failure (its
-    connection closed), waits on every rank: the rank that failed first says why."""
+    """Print `error: message` on stderr, once for all ranks where they share it: rank 0 speaks for all, another rank
+    waits for torchrun to stop it and speaks only if it is still running (at once with every_rank: its own failure);
+    a secondary error, the echo of another rank's failure, waits on every rank, so the first failure is the one said."""
     rank, world_size = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
     if secondary or (rank != 0 and not every_rank):
         time.sleep(OTHER_RANKS_WAIT)

@@ -1,18 +1,6 @@
-"""HellaSwag (Zellers et al. 2019, https://github.com/rowanz/hellaswag) for base models: the validation set, read
-with one-line errors, and the scoring of a GPT on it.
-
-Each example is a context `ctx` and 4 `endings`, `label` the right one. Scored as Karpathy's llm.c and build-nanogpt
-do (dev/data/hellaswag.py, "completion style"), the source of the GPT-2 reference scores in docs/hellaswag.md: the
-tokens of ctx followed by those of ' ' + ending (with the leading space GPT-2's BPE puts on a word), and the model's
-cross-entropy on each token of the ending given everything before it.
-- acc: the prediction is the ending with the lowest summed loss (the highest log-likelihood).
-- acc_norm: the prediction is the ending with the lowest mean loss per ending token.
-Ties go to the first ending, as there. (lm-evaluation-harness's HellaSwag differs in its prompt, "activity_label:
-ctx_a Ctx_b" with WikiHow's [bracket] tags removed, and its acc_norm divides the log-likelihood by the ending's
-length in characters, so its numbers are not these.)
-
-train.py can call evaluate() with its model; the memory is that of the forward pass, as in training: the losses
-come from chunked_cross_entropy over the ending tokens' rows only, never the (batch, T, vocab) logits.
+"""HellaSwag (Zellers et al. 2019) for base models: the validation set, read with one-line errors, and its scoring
+as llm.c's "completion style" (docs/hellaswag.md): acc by each ending's summed loss, acc_norm by its mean loss a token.
+The losses come from chunked_cross_entropy over the endings' rows: a forward's memory, never the full logits.
 """
 import json
 import math
@@ -152,16 +140,8 @@ def rank_share(examples, rank, world_size):
 
 @torch.no_grad()
 def evaluate(model, examples, enc, device, ctx=nullcontext(), batch_size=8, rank=0, world_size=1, progress=False):
-    """HellaSwag accuracies of `model` on `examples` (from read_examples), batch_size examples (4 rows each) a forward.
-
-    model: the GPT (or torch.compile's wrapper of it; under DDP pass raw_model, not the DDP wrapper). It is put in
-    eval mode for the duration. enc: the tokenizer the model was trained with (anything with encode(str) -> ids;
-    tiktoken's gpt2 for GPT-2 BPE). ctx: the autocast context of train.py.
-    Returns dict(acc, acc_norm, n, correct, correct_norm) for this rank's share of the examples (all of them when
-    world_size=1). Over DDP processes, sum the counts and divide:
-        counts = torch.tensor([r['correct'], r['correct_norm'], r['n']], device=device)
-        dist.all_reduce(counts); correct, correct_norm, n = counts.tolist()  # acc = correct / n
-    """
+    """HellaSwag accuracies of `model` (the raw GPT or its compiled wrapper, never DDP's) on this rank's share of
+    `examples`: dict(acc, acc_norm, n, correct, correct_norm); over ranks, all-reduce the counts and divide."""
     share, counted = rank_share(examples, rank, world_size)
     rendered = [render(example, enc, model.config.block_size) for example in share]  # its errors come before eval()
     was_training = model.training

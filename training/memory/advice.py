@@ -66,7 +66,7 @@ def oom_advice(phase, batch_size, gradient_accumulation_steps, world_size, activ
         steps.append(f'--batch_size={batch} --gradient_accumulation_steps={accumulation} (at least the same tokens '
                      f'per step)')
     if not activation_checkpointing:
-        steps.append('--activation_checkpointing=True (recomputes activations in backward, ~30% slower)')
+        steps.append("--activation_checkpointing=True (recomputes each block's forward in backward)")
     if not steps:
         steps.append('a smaller block_size or model: batch 1 with activation checkpointing does not fit')
     lines.append('next step: ' + ', or '.join(steps))

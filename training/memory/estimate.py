@@ -1,13 +1,6 @@
-"""
-Peak GPU memory of a training config before launch, on any machine, and a micro-batch that fits (the core of
-estimate_memory.py; train.py's auto_batch_size uses it too).
-
-How: two real training iterations of train.py's model, loss, optimizer, gradient accumulation, clipping and zero_grad
-run under FakeTensorMode, where tensors have shapes and dtypes but no memory, so the trace needs no GPU. The tracer
-(tracer.py) counts the bytes of the live storages as the CUDA caching allocator would, and the peak after every op.
-What tensors don't show (the CUDA context, cuBLAS workspaces, fragmentation) is added as an allowance. The model,
-optimizer and checks are train.py's own (training.rules, training.optim); tests/unit/training/memory/test_estimate.py
-compares the peak with the real train.py run under the same tracer.
+"""Peak GPU memory of a training config before launch, on any machine: two of train.py's own training iterations
+traced under FakeTensorMode (shapes, no memory; tracer.py counts the live storages) plus an allowance for what
+tensors don't show. The core of estimate_memory.py and of train.py's auto_batch_size.
 """
 import contextlib
 import io
@@ -28,14 +21,12 @@ from training.parallel import (fsdp_param_dtype, local_optimizer, set_gradient_s
 
 GIB = 2 ** 30
 MIB = 2 ** 20
-# The allowance for what tensors don't show. The CUDA context (driver state and the loaded kernels of CUDA 12 and
-# PyTorch 2.x, with lazy module loading) takes 0.3-0.6 GiB of the card outside PyTorch's counters: 0.5 GiB.
+# The allowance for what tensors don't show (docs/memory.md says where each figure comes from; --measure gives
+# your card's): the CUDA context (driver state, loaded kernels) lives outside PyTorch's counters,
 CUDA_CONTEXT_BYTES = GIB // 2
-# cuBLAS keeps a workspace per handle and stream (up to 32 MiB on Hopper, ~8 MiB before); attention kernels use a
-# few MiB more and this model has no convolutions for cuDNN: 64 MiB covers them.
+# cuBLAS and attention kernels keep workspaces,
 WORKSPACE_BYTES = 64 * MIB
-# The caching allocator reserves more than is allocated: blocks split and cached by size class leave gaps, typically
-# 5-15% of the peak in training loops like this one (memory_reserved vs max_memory_allocated): 10% of the peak.
+# and the caching allocator reserves more than it allocates (blocks split and cached by size class leave gaps).
 FRAGMENTATION = 0.10
 # Two iterations: the first allocates the AdamW state, the second runs forward and backward with it (the peak).
 TRACED_ITERATIONS = 2
@@ -57,7 +48,7 @@ ESTIMATOR_DEFAULTS = dict(
 LADDER = (
     ('as configured', {}, ''),
     ('activation checkpointing', {'activation_checkpointing': True},
-     'about 30% more compute: each block runs its forward again in backward'),
+     'one more forward pass of compute: each block runs its forward again in backward'),
     ('bf16 optimizer moments', {'optim': 'adamw_bf16'},
      "AdamW's moments stored in bf16 with stochastic rounding, 4 bytes a parameter instead of 8"),
     ('8-bit optimizer moments', {'optim': 'adamw_8bit'},
@@ -134,13 +125,9 @@ def random_batch(batch_size, block_size, vocab_size, device):
 
 
 def train_iterations(model, optimizer, config, batch_size, device_type, warm_start=False, progress=silent):
-    """train.py's loop, TRACED_ITERATIONS iterations of traced_micro_steps(config) micro-steps. GradScaler (fp16)
-    scales in place and adds only scalars, so it is left out.
-
-    warm_start, for the batch search: iteration 1's optimizer step alone, on zero gradients (it allocates the AdamW
-    state), then 1 iteration of 1 micro-step, with the gradients of the micro-steps before it if there are any.
-    Iteration 1's and micro-step 1's forward and backward hold a subset of the tensors of the micro-step traced, so
-    the peak is the same, in a quarter of the time."""
+    """train.py's loop (without GradScaler: scalars only), TRACED_ITERATIONS iterations of traced micro-steps.
+    warm_start, for the batch search: the first optimizer step alone, on zero gradients, then one micro-step: the
+    same peak in a quarter of the time, as the steps left out hold a subset of the traced one's tensors."""
     block, vocab, accumulation = model.config.block_size, model.config.vocab_size, config['gradient_accumulation_steps']
     iterations, micro_steps = TRACED_ITERATIONS, traced_micro_steps(config)
     model.train()
@@ -407,13 +394,9 @@ def find_batch_sizes(config, budget_bytes, progress=silent):
 
 
 def ladder(config, budget_bytes, progress=silent):
-    """Climb LADDER until a rung fits `budget_bytes`: at each, the config's micro-batch if it fits with the levers so
-    far, else the largest that does, re-split to keep the config's tokens per step (with the step in backward, which
-    cannot accumulate, one micro-batch: fewer tokens). A rung whose config train.py would refuse here (torchao
-    missing, several processes for the step in backward) is skipped, with the reason. A list of JSON-able dicts, one
-    a rung; the last that was tried has fits=True, the keys to add to the command line (`command`: every lever so far,
-    as the config may hold train.py's value of a key only by the estimator's defaults, such as dtype, and the batch
-    keys that change) and its evaluation's total, unless none fits."""
+    """Climb LADDER until a rung fits `budget_bytes`, each rung at the config's micro-batch or the largest that fits,
+    re-split to keep the tokens per step; a rung train.py would refuse here is skipped with the reason. A JSON-able
+    dict a rung; the last tried has fits=True and `command`, the keys to add (every lever so far), unless none fits."""
     steps, levers = [], {}
     for name, keys, cost in LADDER:
         rung = {**config, **levers, **keys}

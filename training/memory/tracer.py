@@ -31,15 +31,9 @@ def local_storage(tensor):
 
 
 class MemoryTracer(TorchDispatchMode):
-    """Counts the live tensor storages after every op: the running total, its peak, and what made up the peak.
-
-    Each storage counts once (views and in-place ops add nothing), rounded up to `alignment` bytes, from the op that
-    created it until its last reference dies (weakref.finalize). An allocation's category is where it was made:
-    a low-precision cast of a parameter under autocast (weight_copies: kept through the forward by autocast's cache),
-    in the model's forward (activations, also when recomputed by activation checkpointing in backward), in the loss
-    function or its backward (loss_path), elsewhere (temporaries: activation gradients, inputs, optimizer and
-    clipping scratch). Parameters, gradients and optimizer state are recognized by identity when a peak is recorded.
-    Scratch memory inside a kernel is not visible to any tracer: the allowance covers it."""
+    """Counts the live tensor storages after every op (each storage once, aligned, until its last reference dies):
+    the running total, its peak, and the peak's parts by where each allocation was made (forward, loss, autocast's
+    weight copies, temporaries; parameters, gradients and optimizer state by identity)."""
 
     def __init__(self, alignment=CUDA_ALIGNMENT, existing=()):
         """existing: tensors made before tracing (a benchmark's inputs): their storages are known and count 0 bytes,
