@@ -2,13 +2,16 @@
 nanoGPT's bench.py, a short version of train.py for benchmarking, plus a benchmark of the loss path.
 
 $ python bench.py                  # mode=train: GPT-2 124M training iterations: time, tokens/s, MFU, peak memory
+$ python bench.py config/speedrun_gpt2_12gb.py  # the same for a train.py preset's model, optimizer and micro-batch
 $ python bench.py --loss=chunked,naive,torch --find_batch_size=True  # the same for each loss, and (CUDA) the
                                    # largest micro-batch each one trains at
 $ python bench.py --mode=loss      # the loss path alone: naive, chunked, torch's, Liger's and CCE's (CUDA), matmul
                                    # floor; with --compile=True (the default on CUDA) each also compiled
 $ python bench.py --mode=sample --device=cpu  # GPT.generate with its KV cache against nanoGPT's, 500 new tokens
 
-Keys are overridden as in train.py: config files, then --key=value (python bench.py --help lists them).
+Keys are overridden as in train.py: config files, then --key=value (python bench.py --help lists them). train.py's
+keys are bench.py's too: train mode builds train.py's model (architecture keys, weight_dtype, activation
+checkpointing) and optimizer (optim and its keys), from scratch, without its learning rate schedule.
 """
 import gc
 import importlib
@@ -24,6 +27,8 @@ import torch.nn.functional as F
 
 import configurator
 from model import GPTConfig, GPT, chunked_cross_entropy, default_chunk_size, naive_cross_entropy
+from training import rules
+from training.optim import build_optimizer, warm_up
 from training.device import TORCH_DTYPES, check_device, default_device, default_dtype, peak_flops
 from training.errors import ConfigError, fail, first_line, install_handler
 from training.memory.tracer import MemoryTracer
@@ -86,8 +91,14 @@ compile = device == 'cuda' # torch.compile the model (train mode); loss mode: al
                            # mode: not used (generate runs its model eagerly, as nanoGPT's does)
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
-config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
+bench_defaults = {k: globals()[k] for k in config_keys}
+# then train.py's other keys, so that its presets and model and optimizer keys apply here as they are
+defaults = {**bench_defaults, **{k: v for k, v in configurator.train_defaults().items() if k not in bench_defaults}}
+config = configurator.load_config(defaults, sys.argv[1:], help_source=(configurator.TRAIN_PY, __file__),
+                                  choices=rules.CHOICES)
 device_type = check_device(config['device'], config['dtype'])
+if config['mode'] != 'loss': # train.py's checks of the model and optimizer it builds (one process, no accumulation)
+    rules.check_config({**config, 'gradient_accumulation_steps': 1, 'init_from': 'scratch'}, 1, device_type)
 if config['mode'] not in ('train', 'loss', 'sample'):
     raise ConfigError(f"unknown mode {config['mode']!r}: use 'train', 'loss' or 'sample'")
 try:
@@ -103,6 +114,9 @@ for name in loss_names:
     if LOSSES[name] is None:
         raise ConfigError(f'loss=torch needs F.linear_cross_entropy with LinearCrossEntropyOptions, which torch '
                           f'{torch.__version__} lacks')
+    if name == 'torch' and config['logit_softcap']:
+        raise ConfigError(f"loss=torch has no logit soft-capping: use --loss=chunked,naive with "
+                          f"logit_softcap={config['logit_softcap']}, or --logit_softcap=0")
 if config['find_batch_size'] and device_type != 'cuda':
     raise ConfigError('find_batch_size tries micro-batches until the GPU runs out of memory: it needs CUDA')
 globals().update(config)
@@ -175,16 +189,23 @@ def largest_micro_batch(train_step, optimizer, good, bad=None):
     return good
 
 
+def build_model():
+    """A fresh model of train.py's for this config's architecture (GPT-2's by default) with vocab_size tokens."""
+    args, _ = rules.model_args({**config, 'init_from': 'scratch', 'hellaswag': False}, vocab_size)
+    return GPT(GPTConfig(**args))
+
+
 def bench_train_loss(name, get_batch, device_peak):
     """Burn-in and timed steps of a fresh model (the same initialization and data for every loss) trained with
     `name`'s loss: a dict of its figures, with an 'oom' flag if batch_size ran out of GPU memory."""
     print(f'loss={name}, micro-batch {batch_size} x {block_size} tokens')
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
-                          n_embd=n_embd, dropout=dropout, bias=bias)).to(device)
+    model = build_model()
+    model.activation_checkpointing = activation_checkpointing
+    model.to(TORCH_DTYPES[weight_dtype]).to(device) # as train.py: weights in weight_dtype before the GPU holds them
     model.loss_fn = LOSSES[name]
-    optimizer = model.configure_optimizers(weight_decay=1e-2, learning_rate=1e-4, betas=(0.9, 0.95),
-                                           device_type=device_type)
+    warm_up(optim)
+    optimizer = build_optimizer(model, config, device_type) # optimizer_in_backward: stepped in backward
     raw_model = model
     if compile:
         print('compiling the model...')
@@ -440,8 +461,7 @@ def bench_loss():
 def bench_sample():
     """GPT.generate from a one-token prompt with its KV cache, and as nanoGPT's (use_cache=False: the whole sequence
     runs again for each token), each after the same seed: their times, the speed-up, and whether the tokens agree."""
-    model = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
-                          n_embd=n_embd, dropout=dropout, bias=bias)).to(device).eval()
+    model = build_model().to(device).eval()
     prompt = torch.zeros((1, 1), dtype=torch.long, device=device)
     print(f'generate: {max_new_tokens} new tokens after a 1-token prompt, block_size {block_size}, {n_layer} layers, '
           f'n_embd {n_embd}, {dtype}, {device}, {torch.get_num_threads()} threads')

@@ -154,9 +154,11 @@ def help_text(defaults, descriptions=None, choices=None):
 def load_config(defaults, argv, help_source=None, choices=None):
     """A new dict of `defaults`' keys with the config files and --key=value overrides of `argv` applied in order.
     `--help` (or -h) prints help_text, with the keys described by the comments of the file `help_source` where they
-    are assigned (the calling script), and exits 0."""
+    are assigned (the calling script; a tuple of files: the last one's comment wins), and exits 0."""
     if '--help' in argv or '-h' in argv:
-        print(help_text(defaults, script_comments(help_source) if help_source else {}, choices))
+        sources = help_source if isinstance(help_source, tuple) else (help_source,) if help_source else ()
+        descriptions = {key: text for source in sources for key, text in script_comments(source).items()}
+        print(help_text(defaults, descriptions, choices))
         sys.exit(0)
     config = dict(defaults)
     for arg in argv:

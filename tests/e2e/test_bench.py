@@ -35,6 +35,27 @@ def test_train_mode_times_each_loss_on_the_same_batches_and_prints_a_row_for_eac
     assert all(row.split()[1] == '2' and float(row.split()[2]) > 0 for row in table)
 
 
+
+def test_train_mode_trains_the_model_and_optimizer_of_a_train_py_config(tmp_path):
+    preset = tmp_path / 'preset.py'  # train.py's keys, bench.py's own ignored ones (out_dir) included
+    preset.write_text("out_dir = 'out-preset'\neval_interval = 250\npos_emb = 'rope'\nnorm = 'rmsnorm'\n"
+                      "tie_weights = False\nlogit_softcap = 15.0\noptim = 'muon'\n")
+    result = run_script('bench.py', str(preset), *TINY_TRAIN, '--real_data=False', '--loss=chunked,naive')
+    assert result.returncode == 0, result.stderr
+    # muon_param_groups' line: the block's 4 matrices to Muon, the untied head in AdamW beside wte (no wpe: rope)
+    assert result.stdout.count('num Muon matrices: 4, with 12,288 parameters; AdamW: 2 decayed tensors, 16,384') == 2
+    assert 'time per iteration: ' in result.stdout
+
+
+def test_train_mode_refuses_what_train_py_refuses_and_softcap_with_torch_loss():
+    for args, message in ((['--optimizer_in_backward=True'], 'use --grad_clip=0.0'),
+                          (['--pos_emb=alibi'], 'pos_emb'),
+                          (['--logit_softcap=15', '--loss=torch'], 'loss=torch has no logit soft-capping')):
+        result = run_script('bench.py', *TINY_TRAIN, '--real_data=False', *args)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_train_mode_refuses_an_unknown_loss_and_find_batch_size_off_cuda():
     for arg, message in (('--loss=chunked,fused', "unknown loss 'fused'"), ('--find_batch_size=True', 'needs CUDA')):
         result = run_script('bench.py', *TINY_TRAIN, '--real_data=False', arg)

@@ -81,6 +81,17 @@ def test_help_lists_keys_with_defaults_descriptions_and_values(tmp_path, capsys)
     assert '  --top_k=None' in lines
 
 
+
+def test_help_reads_descriptions_from_several_scripts_the_last_winning(tmp_path, capsys):
+    base = write(tmp_path, "batch_size = 12 # from the base\ncompile = True # use torch.compile\n", 'base.py')
+    tool = write(tmp_path, "batch_size = 12 # from the tool\n", 'tool.py')
+    with pytest.raises(SystemExit):
+        load_config(DEFAULTS, ['--help'], help_source=(base, tool))
+    lines = capsys.readouterr().out.splitlines()
+    assert '  --batch_size=12  from the tool' in lines
+    assert '  --compile=True  use torch.compile; True or False' in lines
+
+
 def test_key_comments_reads_the_first_assignment_of_each_key():
     source = ("x = 1 # the first\nx = 2 # the second\ndefaults = dict(\n    y='a', # a keyword\n    z=3,\n)\n"
               "w = 4\nw = 5 # after an uncommented first\nprint(x) # not an assignment\n")
