@@ -217,9 +217,6 @@ class GPT(nn.Module):
             h = nn.ModuleList([Block(config, value_embed=value_embed_table(config, i) is not None)
                                for i in range(config.n_layer)]),
             ln_f = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm'),
-            # value_embeds' tables, last: the modules above are initialized from the same random numbers as without
-            value_embeds = nn.ModuleList([nn.Embedding(config.vocab_size, config.n_embd)
-                                          for _ in range(config.value_embeds)]) if config.value_embeds else None,
         ))
         # unet_skips: the weight of each kept output in its mirrored block's input, 1 at first as in modded-nanogpt
         self.skip_weights = nn.Parameter(torch.ones(config.n_layer // 2)) if config.unet_skips else None
@@ -237,6 +234,13 @@ class GPT(nn.Module):
             for pn, p in self.named_parameters():
                 if pn.endswith('c_proj.weight') or (pn == 'lm_head.weight' and not config.tie_weights):
                     torch.nn.init.zeros_(p)
+        # value_embeds' tables (token embeddings for attention's values), built and initialized last: every weight
+        # above is the one the same seed gives without them, so a comparison with and without is of them alone
+        self.transformer.value_embeds = None
+        if config.value_embeds:
+            self.transformer.value_embeds = nn.ModuleList([nn.Embedding(config.vocab_size, config.n_embd)
+                                                           for _ in range(config.value_embeds)])
+            self.transformer.value_embeds.apply(self._init_weights)
 
     def get_num_params(self, non_embedding=True):
         """
