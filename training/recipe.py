@@ -18,7 +18,8 @@ ABLATIONS = {'rope': {'pos_emb': 'learned'}, 'rmsnorm': {'norm': 'layernorm'}, '
              'relu2': {'mlp': 'gelu'}, 'untied_head': {'tie_weights': True}, 'softcap': {'logit_softcap': 0.0},
              'value_embeds': {'value_embeds': 0}, 'muon': {'optim': 'adamw'}, 'wsd': {'lr_schedule': 'cosine'}}
 # component tried and left out: what the recipe with it has
-DROPPED = {'zero_init': {'zero_init_proj': True}, 'unet_skips': {'unet_skips': True}, 'x0_shortcut': {'x0_shortcut': True}}
+DROPPED = {'zero_init': {'zero_init_proj': True}, 'unet_skips': {'unet_skips': True},
+           'x0_shortcut': {'x0_shortcut': True}}
 RUNS = {'baseline': BASELINE, 'recipe': RECIPE,
         **{f'recipe-{component}': {**RECIPE, **change} for component, change in ABLATIONS.items()},
         **{f'recipe+{component}': {**RECIPE, **change} for component, change in DROPPED.items()}}
