@@ -9,7 +9,8 @@ fuses the vocabulary projection with cross-entropy over row chunks, so those log
 evaluation.
 
 GPTConfig also holds the modern options of modded-nanogpt's speedrun (rotary embeddings, RMSNorm, QK-norm, ReLU^2,
-an untied head, zero-initialized projections, logit soft-capping), each acting where its code is. Their defaults are
+an untied head, zero-initialized projections, logit soft-capping, and its later records' value embeddings, U-net skip
+connections and embedding shortcut), each acting where its code is. Their defaults are
 GPT-2's: left alone, the model is the GPT-2 described above.
 
 References:
@@ -45,7 +46,7 @@ class LayerNorm(nn.Module):
 
 class CausalSelfAttention(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config, value_embed=False):
         super().__init__()
         assert config.n_embd % config.n_head == 0
         # key, query, value projections for all heads, but in a batch
@@ -59,13 +60,18 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = config.n_embd
         self.dropout = config.dropout
         self.qk_norm = config.qk_norm
+        # value_embeds, in a layer that has a table: the weights of (values, table rows), modded-nanogpt's 0.5 / 0.5
+        self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if value_embed else None
 
-    def forward(self, x, rotary=None, cache=None, offset=0):
+    def forward(self, x, rotary=None, cache=None, offset=0, value_embed=None):
         """rotary: GPT.forward's (cos, sin) with pos_emb='rope'; cache: this layer's (keys, values) buffers of a
-        KVCache, the T new positions starting at `offset`."""
+        KVCache, the T new positions starting at `offset`; value_embed: with value_embeds, this layer's table's rows
+        for the tokens (B, T, C)."""
         B, T, C = x.size() # batch size, sequence length, embedding dimensionality (n_embd)
         # calculate query, key, values for all heads in batch and move head forward to be the batch dim
         q, k, v  = self.c_attn(x).split(self.n_embd, dim=2)
+        if value_embed is not None: # value_embeds: the values mix with the token's own row of this layer's table
+            v = self.value_lambdas[0] * v + self.value_lambdas[1] * value_embed.to(v.dtype) # autocast's v: bf16
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
@@ -123,15 +129,20 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config, value_embed=False):
         super().__init__()
         self.ln_1 = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm')
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, value_embed)
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm')
         self.mlp = MLP(config)
+        # x0_shortcut: the weights of (input, embedding x0) in the block's input, from (1, 0): the input at first
+        self.x0_lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if config.x0_shortcut else None
 
-    def forward(self, x, rotary=None, cache=None, offset=0):
-        x = x + self.attn(self.ln_1(x), rotary, cache, offset)
+    def forward(self, x, rotary=None, cache=None, offset=0, x0=None, value_embed=None):
+        """x0: GPT.forward's embedding, with x0_shortcut; value_embed: CausalSelfAttention.forward's."""
+        if self.x0_lambdas is not None: # x0_shortcut: every block sees the embedding directly, not only block 0
+            x = self.x0_lambdas[0] * x + self.x0_lambdas[1] * x0
+        x = x + self.attn(self.ln_1(x), rotary, cache, offset, value_embed)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -171,6 +182,19 @@ class GPTConfig:
     tie_weights: bool = True # False: lm_head has its own matrix rather than sharing wte's
     zero_init_proj: bool = False # True: c_proj weights (and an untied lm_head) start at zero: each block an identity
     logit_softcap: float = 0.0 # > 0: logits become logit_softcap * tanh(logits / logit_softcap); 0: off
+    value_embeds: int = 0 # k > 0: k token tables whose rows mix into attention's values in the first and last k layers
+    unet_skips: bool = False # True: the first n_layer // 2 blocks' outputs are added to the mirrored blocks' inputs
+    x0_shortcut: bool = False # True: each block's input is a learned mix of the residual stream and the embedding
+
+def value_embed_table(config, layer):
+    """The value_embeds table that block `layer` uses, or None: in the U-net pattern, table i serves block i and its
+    mirror in the last k, block n_layer - k + i (modded-nanogpt's value embeddings)."""
+    k = config.value_embeds
+    if layer < k:
+        return layer
+    if layer >= config.n_layer - k:
+        return layer - (config.n_layer - k)
+    return None
 
 class GPT(nn.Module):
 
@@ -190,9 +214,12 @@ class GPT(nn.Module):
             wte = nn.Embedding(config.vocab_size, config.n_embd),
             wpe = nn.Embedding(config.block_size, config.n_embd) if config.pos_emb == 'learned' else None,
             drop = nn.Dropout(config.dropout),
-            h = nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            h = nn.ModuleList([Block(config, value_embed=value_embed_table(config, i) is not None)
+                               for i in range(config.n_layer)]),
             ln_f = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm'),
         ))
+        # unet_skips: the weight of each kept output in its mirrored block's input, 1 at first as in modded-nanogpt
+        self.skip_weights = nn.Parameter(torch.ones(config.n_layer // 2)) if config.unet_skips else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.transformer.wte.weight = self.lm_head.weight # https://paperswithcode.com/method/weight-tying
@@ -207,6 +234,13 @@ class GPT(nn.Module):
             for pn, p in self.named_parameters():
                 if pn.endswith('c_proj.weight') or (pn == 'lm_head.weight' and not config.tie_weights):
                     torch.nn.init.zeros_(p)
+        # value_embeds' tables (token embeddings for attention's values), built and initialized last: every weight
+        # above is the one the same seed gives without them, so a comparison with and without is of them alone
+        self.transformer.value_embeds = None
+        if config.value_embeds:
+            self.transformer.value_embeds = nn.ModuleList([nn.Embedding(config.vocab_size, config.n_embd)
+                                                           for _ in range(config.value_embeds)])
+            self.transformer.value_embeds.apply(self._init_weights)
 
     def get_num_params(self, non_embedding=True):
         """
@@ -214,7 +248,8 @@ class GPT(nn.Module):
         For non-embedding count (default), the position embeddings get subtracted.
         The token embeddings would too, except due to the parameter sharing these
         params are actually used as weights in the final layer, so we include them.
-        (Untied, lm_head is that final layer and wte is subtracted; rotary embeddings have no parameters.)
+        (Untied, lm_head is that final layer and wte is subtracted; rotary embeddings have no parameters; the
+        value_embeds tables are embeddings, subtracted.)
         """
         n_params = sum(p.numel() for p in self.parameters())
         if non_embedding:
@@ -222,6 +257,8 @@ class GPT(nn.Module):
                 n_params -= self.transformer.wpe.weight.numel()
             if not self.config.tie_weights:
                 n_params -= self.transformer.wte.weight.numel()
+            if self.transformer.value_embeds is not None:
+                n_params -= sum(p.numel() for p in self.transformer.value_embeds.parameters())
         return n_params
 
     def _init_weights(self, module):
@@ -255,14 +292,27 @@ class GPT(nn.Module):
         else: # pos_emb='rope': the positions are rotations of each attention's queries and keys
             rotary = rotary_cos_sin(pos, self.config.n_embd // self.config.n_head)
             x = self.transformer.drop(tok_emb)
+        x0 = x if self.config.x0_shortcut else None # the embedding, which x0_shortcut mixes into every block's input
+        # value_embeds: each table's rows for the tokens, looked up once for its two blocks
+        tables = [table(idx) for table in self.transformer.value_embeds or ()]
+        n_layer = len(self.transformer.h)
+        n_skips = 0 if self.skip_weights is None else len(self.skip_weights)
+        kept = [] # unet_skips: the outputs of the first n_skips blocks
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
-        layer_caches = [None] * len(self.transformer.h) if cache is None else cache.layers
-        for block, layer_cache in zip(self.transformer.h, layer_caches):
+        layer_caches = [None] * n_layer if cache is None else cache.layers
+        for i, (block, layer_cache) in enumerate(zip(self.transformer.h, layer_caches)):
+            mirror = n_layer - 1 - i
+            if mirror < n_skips: # unet_skips: the last n_skips blocks take in their mirror's output, innermost first
+                x = x + self.skip_weights[mirror] * kept[mirror]
+            table = value_embed_table(self.config, i)
+            value_embed = None if table is None else tables[table]
             # non-reentrant checkpointing: works with torch.compile and DDP, and restores the RNG for dropout
             if recompute:
-                x = checkpoint(block, x, rotary, use_reentrant=False)
+                x = checkpoint(block, x, rotary, None, 0, x0, value_embed, use_reentrant=False)
             else:
-                x = block(x, rotary, layer_cache, offset)
+                x = block(x, rotary, layer_cache, offset, x0, value_embed)
+            if i < n_skips:
+                kept.append(x)
         x = self.transformer.ln_f(x)
         if cache is not None:
             cache.length += t

@@ -100,6 +100,9 @@ mlp = 'gelu' # 'gelu' or 'relu2' (ReLU squared)
 tie_weights = True # False: an untied lm_head, its own matrix
 zero_init_proj = False # start the blocks' output projections (and an untied lm_head) at zero
 logit_softcap = 0.0 # > 0: logits capped to logit_softcap * tanh(logits / logit_softcap), e.g. 15; 0 = off
+value_embeds = 0 # k > 0: k value-embedding tables, each shared by a block of the first k and its mirror in the last k
+unet_skips = False # add the first n_layer // 2 blocks' outputs to the mirrored later blocks' inputs, learned weights
+x0_shortcut = False # mix the embedding into every block's input, learned weights
 activation_checkpointing = False # recompute each block in backward: much less activation memory, ~30% more compute
 autocast_cache = False # keep autocast's low-precision copy of every weight through each forward (torch's default)
 auto_batch_size = False # on CUDA, estimate_memory.py picks batch_size and gradient_accumulation_steps for the card

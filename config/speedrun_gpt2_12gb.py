@@ -1,7 +1,8 @@
 # GPT-2 (124M) from scratch with the modern recipe (docs/recipe.md) on one 12 GB card (e.g. RTX 3060 12GB), to
 # GPT-2 124M quality on FineWeb: the speedrun's 3.28 validation loss. modded-nanogpt's record with this architecture
 # and Muon reached it in 2.67B tokens (llm.c's GPT-2 baseline: 10B); this preset's budget is that record's, 5,100
-# steps of 524,288 tokens (the recipe leaves out that record's zero-initialized projections: docs/recipe.md).
+# steps of 524,288 tokens (the recipe leaves out that record's zero-initialized projections and adds a later one's
+# value embeddings: docs/recipe.md).
 # Validation on held-out FineWeb documents, HellaSwag at each evaluation.
 # $ python prepare/openwebtext.py --dataset HuggingFaceFW/fineweb --name sample-10BT \
 #       --max_tokens 3_000_000_000 --out_dir data/fineweb
@@ -25,6 +26,7 @@ qk_norm = True
 mlp = 'relu2'
 tie_weights = False
 logit_softcap = 15.0
+value_embeds = 1 # a later record's value embeddings, one table (blocks 0 and 11): 38.6M embedding parameters
 
 # ~0.5M tokens per optimizer step, as modded-nanogpt's record and llm.c: 8 * 1024 * 64 = 524,288 tokens
 batch_size = 8

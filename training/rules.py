@@ -98,10 +98,22 @@ def check_architecture(config):
         raise ConfigError(f"init_from={config['init_from']!r} loads GPT-2 weights, trained with GPT-2's "
                           f"architecture, which {changed[0]}={config[changed[0]]!r} changes: drop --{changed[0]}, "
                           f"or train from scratch")
+    if config['value_embeds'] < 0:
+        raise ConfigError(f"value_embeds is a number of tables, 0 (off) or more, got {config['value_embeds']}: e.g. "
+                          f"--value_embeds=3")
+    if config['init_from'] != 'scratch':
+        return  # the rest are of the shape a new model is built with; a resumed one keeps its checkpoint's
     head_size = config['n_embd'] // config['n_head']
-    if config['init_from'] == 'scratch' and config['pos_emb'] == 'rope' and head_size % 2:
+    if config['pos_emb'] == 'rope' and head_size % 2:
         raise ConfigError(f"pos_emb='rope' rotates pairs of each head's dimensions, but n_embd / n_head = "
                           f"{head_size} is odd: pick n_embd and n_head whose quotient is even")
+    if 2 * config['value_embeds'] > config['n_layer']:
+        raise ConfigError(f"value_embeds={config['value_embeds']} gives each table to a block of the first "
+                          f"{config['value_embeds']} and one of the last {config['value_embeds']}, more than "
+                          f"n_layer={config['n_layer']} blocks: use --value_embeds={config['n_layer'] // 2} or less")
+    if config['unet_skips'] and config['n_layer'] < 2:
+        raise ConfigError("unet_skips=True connects the first half of the blocks to the second, but n_layer=1 has "
+                          "no pair: use --n_layer=2 or more, or --unet_skips=False")
 
 
 def dataset_path(config):

@@ -33,7 +33,8 @@ def test_bench_optim_compares_optimizers_weight_precisions_and_the_autocast_cach
 def test_bench_optim_summarizes_the_runs_over_seeds(data_dir, tmp_path):
     """Two seeds, two steps: each run's curve is the mean of its seeds' curves, and the baseline reaches its own
     final loss no later than its last step; a run name out of RUNS is one line."""
-    args = [f'--data_dir={data_dir}', '--dataset=tiny_char', '--n_layer=1', '--n_head=2', '--n_embd=32',
+    # 2 layers: the recipe's value-embedding table serves a first and a last block
+    args = [f'--data_dir={data_dir}', '--dataset=tiny_char', '--n_layer=2', '--n_head=2', '--n_embd=32',
             '--block_size=16', '--batch_size=4', '--max_iters=2', '--eval_interval=1', '--eval_iters=2',
             '--lr_decay_iters=2', '--warmup_iters=1', '--seeds=1,2']
     out = tmp_path / 'bench.json'

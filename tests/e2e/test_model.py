@@ -13,7 +13,8 @@ from helpers import ROOT, tiny_gpt
 
 
 @pytest.mark.parametrize('options', [{}, dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2',
-                                               tie_weights=False, logit_softcap=3.0)], ids=['gpt2', 'modern'])
+                                               tie_weights=False, logit_softcap=3.0, value_embeds=1, unet_skips=True,
+                                               x0_shortcut=True)], ids=['gpt2', 'modern'])
 def test_compiled_model_matches_eager_and_runs_the_compiled_chunks(monkeypatch, options):
     model = tiny_gpt(**options)
     x = torch.randint(0, 50, (2, 16))

@@ -13,7 +13,10 @@ BLOCK_SIZE = 16
 
 
 # the modern architecture's options that change what attention sees: rotary positions from the cache's offset
-MODERN = dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2', tie_weights=False, logit_softcap=15.0)
+# and those that add the tokens' own rows and earlier blocks' outputs to the new positions' (value_embeds, unet_skips,
+# x0_shortcut), which the cache must not change
+MODERN = dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2', tie_weights=False, logit_softcap=15.0,
+              value_embeds=1, unet_skips=True, x0_shortcut=True)
 
 
 def large_weights_gpt(**options):
@@ -25,6 +28,8 @@ def large_weights_gpt(**options):
         for name, p in model.named_parameters():
             if p.dim() == 2:  # embeddings (wte, wpe) N(0, 1), the other matrices N(0, 0.5)
                 p.normal_(0.0, 1.0 if name.startswith('transformer.w') else 0.5)
+            elif name.endswith(('lambdas', 'skip_weights')):  # away from their start, (1, 0) is x0_shortcut's identity
+                p.uniform_(0.5, 1.5)
     return model
 
 
@@ -56,9 +61,10 @@ def test_cached_and_uncached_generate_give_nanogpts_tokens(sampling, prompt_leng
     assert torch.equal(runs['uncached'], reference)
 
 
-def test_forward_with_cache_gives_the_logits_of_the_whole_sequence():
+@pytest.mark.parametrize('options', [{}, MODERN], ids=['gpt2', 'modern'])
+def test_forward_with_cache_gives_the_logits_of_the_whole_sequence(options):
     """The prompt, then one token, then several at once (each attending causally to the others and to the cache)."""
-    model = large_weights_gpt()
+    model = large_weights_gpt(**options)
     tokens = torch.randint(50, (2, 11), generator=torch.Generator().manual_seed(2))
     cache = KVCache(model.config, batch_size=2, max_len=BLOCK_SIZE, device='cpu', dtype=torch.float32)
     with torch.no_grad():

@@ -1,6 +1,7 @@
 """model.py's modern architecture options (GPTConfig: pos_emb, norm, qk_norm, mlp, tie_weights, zero_init_proj,
-logit_softcap): the default path against the implementation before them, bit for bit; each option where it acts;
-logit soft-capping in the chunked loss against a naive full-logits reference, forward and backward."""
+logit_softcap, value_embeds, unet_skips, x0_shortcut): the default path against the implementation before them, bit
+for bit; each option where it acts; logit soft-capping in the chunked loss against a naive full-logits reference,
+forward and backward."""
 import importlib.util
 import math
 
@@ -10,11 +11,13 @@ import torch.nn.functional as F
 
 import model as model_lib
 from helpers import ROOT
-from model import GPT, GPTConfig, LayerNorm, apply_rotary, chunked_cross_entropy, rotary_cos_sin
+from model import GPT, GPTConfig, LayerNorm, apply_rotary, chunked_cross_entropy, rotary_cos_sin, value_embed_table
 
 
+# modded-nanogpt's later records: value embeddings, U-net skip connections, the embedding shortcut
+LATER = dict(value_embeds=1, unet_skips=True, x0_shortcut=True)
 MODERN = dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2', tie_weights=False, zero_init_proj=False,
-              logit_softcap=3.0)
+              logit_softcap=3.0, **LATER)
 SHAPE = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=50)
 
 
@@ -145,7 +148,8 @@ def test_modern_state_dict_rope_has_no_table_and_the_untied_head_its_own_matrix(
     state = model.state_dict()
     assert 'transformer.wpe.weight' not in state and 'transformer.ln_f.bias' not in state
     assert model.lm_head.weight is not model.transformer.wte.weight
-    assert model.get_num_params() == sum(p.numel() for p in model.parameters()) - 50 * 16  # less wte
+    # less wte and the value-embedding table: embeddings
+    assert model.get_num_params() == sum(p.numel() for p in model.parameters()) - 2 * 50 * 16
     model.crop_block_size(8)
     assert model.config.block_size == 8
     default = GPT(GPTConfig(**SHAPE))
@@ -219,3 +223,91 @@ def test_a_default_architecture_checkpoint_loads_in_the_previous_model_py():
     # a modern model's model_args carry keys nanoGPT's GPTConfig does not take: an error, not a GPT-2 built silently
     with pytest.raises(TypeError):
         reference.GPTConfig(**rules.model_args({**config, 'pos_emb': 'rope'}, 50)[0])
+
+
+def test_value_embedding_tables_serve_the_first_and_last_blocks_in_mirror():
+    config = GPTConfig(**{**SHAPE, 'n_layer': 7}, value_embeds=3)
+    assert [value_embed_table(config, i) for i in range(7)] == [0, 1, 2, None, 0, 1, 2]
+    model = GPT(config)
+    assert [block.attn.value_lambdas is not None for block in model.transformer.h] == [True] * 3 + [False] + [True] * 3
+    assert len(model.transformer.value_embeds) == 3
+    default = GPT(GPTConfig(**SHAPE))
+    assert default.transformer.value_embeds is None and default.skip_weights is None
+
+
+def test_value_embeds_adds_the_tokens_table_row_to_the_values_of_its_blocks():
+    """The other weights are the same seed's as without the tables; at weights (1, 0) the values are the plain ones."""
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(**SHAPE))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHAPE, value_embeds=1))
+    state = model.state_dict()
+    assert all(torch.equal(value, state[name]) for name, value in plain.state_dict().items())
+    x = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(3))
+    _, loss = model(x, x)
+    loss.backward()
+    for block in model.transformer.h:  # both blocks share table 0, and learn their mix
+        assert block.attn.value_lambdas.grad.abs().min() > 0
+    assert model.transformer.value_embeds[0].weight.grad[x.unique()].abs().sum(1).min() > 0  # the tokens' rows
+    assert loss.item() != plain(x, x)[1].item()
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.value_lambdas.copy_(torch.tensor([1.0, 0.0]))
+        assert torch.equal(model(x, x)[1], plain(x, x)[1])
+        # attention is linear in the values: zero rows at weights (0.5, 0.5) halve what the values contribute
+        attn, plain_attn = model.transformer.h[0].attn, plain.transformer.h[0].attn
+        attn.value_lambdas.copy_(torch.tensor([0.5, 0.5]))
+        h = torch.randn(1, 4, 16)
+        bias = plain_attn.c_proj.bias
+        torch.testing.assert_close(attn(h, value_embed=torch.zeros(1, 4, 16)), 0.5 * (plain_attn(h) - bias) + bias)
+
+
+def block_inputs_and_outputs(model, x):
+    """The residual stream going into and out of each block in a forward of x."""
+    seen = []
+    hooks = [block.register_forward_hook(lambda module, args, out: seen.append((args[0], out)))
+             for block in model.transformer.h]
+    model(x, x)
+    for hook in hooks:
+        hook.remove()
+    return seen
+
+
+def test_unet_skips_add_the_first_half_of_the_blocks_outputs_to_the_mirrored_inputs():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**SHAPE, 'n_layer': 5}, unet_skips=True))
+    with torch.no_grad():
+        model.skip_weights.copy_(torch.tensor([0.7, -1.3]))
+    x = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(3))
+    (in0, out0), (in1, out1), (in2, out2), (in3, out3), (in4, _) = block_inputs_and_outputs(model, x)
+    torch.testing.assert_close(in2, out1)  # the middle block of an odd count has no mirror
+    torch.testing.assert_close(in3, out2 - 1.3 * out1)  # innermost pair first
+    torch.testing.assert_close(in4, out3 + 0.7 * out0)
+    _, loss = model(x, x)
+    loss.backward()
+    assert model.skip_weights.grad.abs().min() > 0
+    plain = GPT(GPTConfig(**{**SHAPE, 'n_layer': 5}))
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if k != 'skip_weights'})
+    with torch.no_grad():  # at weights 0 it is the plain model
+        model.skip_weights.zero_()
+        assert torch.equal(model(x, x)[1], plain(x, x)[1])
+
+
+def test_x0_shortcut_starts_as_the_plain_model_and_learns_to_mix_the_embedding_in():
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(**SHAPE))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHAPE, x0_shortcut=True))
+    x = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(3))
+    _, loss = model(x, x)
+    assert torch.equal(loss, plain(x, x)[1])  # weights (1, 0): each block's input as it was
+    loss.backward()
+    for block in model.transformer.h:
+        assert block.x0_lambdas.grad.abs().min() > 0  # the embedding's weight too, from 0
+    with torch.no_grad():
+        model.transformer.h[1].x0_lambdas.copy_(torch.tensor([0.5, 2.0]))
+    (in0, _), (in1, out1) = block_inputs_and_outputs(model, x)
+    embedding = model.transformer.wte(x) + model.transformer.wpe(torch.arange(16))
+    torch.testing.assert_close(out1, plain.transformer.h[1](0.5 * in1 + 2.0 * embedding))
+    torch.testing.assert_close(in0, embedding)
+

@@ -282,3 +282,22 @@ def test_untied_head_and_embeddings_get_their_own_learning_rates_and_momentum_wa
     # unset (0), each group follows learning_rate, as before the keys existed
     assert [optim.group_lr(group, 5e-4, MUON) for group in optimizer.param_groups] == pytest.approx(
         [0.01, 5e-4, 5e-4, 5e-4])
+
+
+@pytest.mark.parametrize('optim_name', ['adamw', 'muon'])
+def test_scalars_go_to_adamw_without_decay_and_value_tables_with_the_embeddings(optim_name):
+    model = tiny_gpt(n_layer=4, value_embeds=2, unet_skips=True, x0_shortcut=True)
+    config = {'optim': optim_name, 'learning_rate': 1e-3, 'weight_decay': 0.1, 'beta1': 0.9, 'beta2': 0.95,
+              'muon_learning_rate': 0.02, 'muon_momentum': 0.95, 'embedding_learning_rate': 0.01,
+              'head_learning_rate': 0.0, 'weight_dtype': 'float32', 'optimizer_in_backward': False}
+    optimizer = optim.build_optimizer(model, config, 'cpu')
+    names = {p: name for name, p in model.named_parameters()}
+    groups = {names[p]: group for group in optimizer.param_groups for p in group['params']}
+    scalars = [n for n in names.values() if n.endswith(('lambdas', 'skip_weights'))]
+    assert len(scalars) == 1 + 4 + 4  # the skip weights, each block's x0 weights and each block's value weights
+    for name in scalars:
+        assert groups[name]['weight_decay'] == 0.0 and not groups[name].get('muon')
+    for name in ('transformer.value_embeds.0.weight', 'transformer.value_embeds.1.weight'):
+        assert groups[name] is groups['transformer.wte.weight'] and groups[name]['weight_decay'] == 0.1
+        if optim_name == 'muon':
+            assert groups[name]['lr'] == 0.01  # embedding_learning_rate

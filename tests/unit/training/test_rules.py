@@ -51,6 +51,7 @@ def test_check_config_names_the_key(config, overrides, message):
 
 def test_check_config_accepts_the_defaults_and_splits_accumulation_over_processes(config):
     rules.check_config(config, 1, 'cpu')
+    rules.check_config({**config, 'value_embeds': 1, 'unet_skips': True}, 1, 'cpu')  # the most 2 layers take
     rules.check_config({**config, 'gradient_accumulation_steps': 4}, 4, 'cpu')
     with pytest.raises(ConfigError, match='gradient_accumulation_steps=4 is not divisible by the 3 processes'):
         rules.check_config({**config, 'gradient_accumulation_steps': 4}, 3, 'cpu')
@@ -93,7 +94,8 @@ def test_model_args_refuse_what_does_not_fit(config):
 def test_model_args_of_a_gpt2_architecture_are_nanogpts_and_modern_keys_are_recorded(config):
     nanogpt_keys = {'n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size', 'dropout'}
     assert set(rules.model_args(config, None)[0]) == nanogpt_keys  # nanoGPT's GPTConfig(**model_args) takes them
-    modern = {'pos_emb': 'rope', 'mlp': 'relu2', 'logit_softcap': 15.0}
+    modern = {'pos_emb': 'rope', 'mlp': 'relu2', 'logit_softcap': 15.0, 'value_embeds': 1, 'unet_skips': True,
+              'x0_shortcut': True}
     args = rules.model_args({**config, **modern}, None)[0]
     assert set(args) == nanogpt_keys | set(modern) and all(args[k] == v for k, v in modern.items())
     resumed = dict(n_layer=3, n_head=2, n_embd=32, block_size=32, bias=True, vocab_size=64, dropout=0.0)
@@ -112,6 +114,10 @@ def test_model_args_of_a_gpt2_architecture_are_nanogpts_and_modern_keys_are_reco
     ({'init_from': 'gpt2', 'pos_emb': 'rope'}, "init_from='gpt2' loads GPT-2 weights, trained with GPT-2's "
                                                "architecture, which pos_emb='rope' changes: drop --pos_emb"),
     ({'pos_emb': 'rope', 'n_embd': 30, 'n_head': 2}, 'n_embd / n_head = 15 is odd'),
+    ({'value_embeds': -1}, 'value_embeds is a number of tables, 0 (off) or more, got -1'),
+    ({'value_embeds': 2}, 'more than n_layer=2 blocks: use --value_embeds=1 or less'),
+    ({'unet_skips': True, 'n_layer': 1}, 'n_layer=1 has no pair: use --n_layer=2 or more, or --unet_skips=False'),
+    ({'init_from': 'gpt2', 'x0_shortcut': True}, "which x0_shortcut=True changes: drop --x0_shortcut"),
     ({'embedding_learning_rate': 0.3}, "embedding_learning_rate=0.3 sets a parameter group of optim='muon'"),
     ({'optim': 'muon', 'muon_momentum_warmup_iters': -1}, 'muon_momentum_warmup_iters must be 0 or more'),
     ({'lr_schedule': 'linear'}, "unknown lr_schedule 'linear': use 'cosine' or 'wsd'"),

@@ -46,10 +46,14 @@ FIDELITY_CASES = {
     'autocast cache with checkpointing': {'dtype': 'bfloat16', 'activation_checkpointing': True,
                                           'autocast_cache': True},
     'bf16 weights': {'dtype': 'bfloat16', 'weight_dtype': 'bfloat16', 'gradient_accumulation_steps': 2},
-    # rotary, RMSNorm, QK-norm, ReLU^2, an untied head and the soft-capped loss's second chunk buffer
+    # rotary, RMSNorm, QK-norm, ReLU^2, an untied head and the soft-capped loss's second chunk buffer; the value
+    # embeddings' table and rows (kept for both blocks that use them), the kept U-net outputs, the embedding x0
     'modern architecture, muon, checkpointing': {'pos_emb': 'rope', 'norm': 'rmsnorm', 'qk_norm': True, 'mlp': 'relu2',
                                                  'tie_weights': False, 'zero_init_proj': True, 'logit_softcap': 15.0,
+                                                 'value_embeds': 1, 'unet_skips': True, 'x0_shortcut': True,
                                                  'optim': 'muon', 'activation_checkpointing': True},
+    'value embeddings, U-net skips and x0 in bf16': {'value_embeds': 1, 'unet_skips': True, 'x0_shortcut': True,
+                                                     'dtype': 'bfloat16'},
     'bf16 weights, 8-bit moments, step in backward': {'dtype': 'bfloat16', 'weight_dtype': 'bfloat16',
                                                       'optim': 'adamw_8bit', 'optimizer_in_backward': True,
                                                       'grad_clip': 0.0},
