@@ -98,7 +98,7 @@ def test_ddp_adds_a_copy_of_the_gradients(tiny):
 def test_zero1_and_fsdp_split_the_per_rank_state_over_the_ranks(tiny):
     """Rank 0's share, traced through the real sharding code over a stand-in process group, one micro-step a rank
     (FSDP over several: test_fsdp_mixed_precision_gathers_the_weights_in_half_the_bytes)."""
-    tiny = {**tiny, 'gradient_accumulation_steps': 1, 'n_layer': 4}  # FSDP gathers a block or two at a time
+    tiny = {**tiny, 'gradient_accumulation_steps': 1, 'n_layer': 3}  # FSDP gathers a block or two at a time
     params = sum(p.numel() for p in em.build(tiny, False)[0].parameters())
     single = em.trace(tiny, evaluate=False)['train']
     for parallelism in ('zero1', 'fsdp'):
@@ -247,8 +247,8 @@ def test_estimator_reflects_each_lever(weighty, monkeypatch):
     # the non-fused steps' temporaries are one chunk's: small chunks keep them small beside this model's state (a
     # quarter of its (1024, 256) matrices: smaller ones take many more ops to trace)
     monkeypatch.setattr(optim, 'CHUNK_ELEMENTS', 2 ** 16)
-    def traced(**overrides):
-        return em.trace({**weighty, **overrides}, evaluate=False)['train']
+    def traced(**overrides):  # one block: the state's share of the peak is as large, in half the ops
+        return em.trace({**weighty, 'n_layer': 1, **overrides}, evaluate=False)['train']
     adamw, bf16, int8 = (traced(optim=name) for name in ('adamw', 'adamw_bf16', 'adamw_8bit'))
     state = adamw['breakdown']['optimizer_state']
     assert bf16['breakdown']['optimizer_state'] == pytest.approx(state / 2, rel=0.01)
