@@ -225,7 +225,7 @@ def test_ladder_climbs_to_the_first_rung_that_fits(tiny, trace_once):
     def total(config):
         return em.total_bytes(em.trace(config, evaluate=False, warm_start=True)['train']['peak_bytes'])
 
-    plain, checkpointed = (total({**tiny, 'batch_size': 1, 'activation_checkpointing': on}) for on in (False, True))
+    plain, checkpointed = (total(em.rebatched({**tiny, 'activation_checkpointing': on}, 1)) for on in (False, True))
     budget = (plain + checkpointed) // 2
     steps = em.ladder(tiny, budget)
     assert [(step['rung'], step['fits']) for step in steps] == [('as configured', False),
