@@ -1,6 +1,7 @@
 """training/memory/estimate.py: the estimate against the real train.py's peak, its breakdown, each lever
 (parallelism, checkpointing, the autocast cache, resume, the optimizers, bf16 weights), the micro-batch search and
-the ladder. Tiny models except where GPT-2 124M is the point."""
+the ladder. Tiny models, and one block of GPT-2's width and vocabulary for the loss path (GPT-2 124M itself:
+tests/e2e/test_estimate_memory.py)."""
 import contextlib
 import importlib.util
 import io
