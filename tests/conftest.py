@@ -1,5 +1,8 @@
-"""Fixtures shared by the tests of several folders: a tiny character dataset, one thread, and the estimator's configs
-of two small models. Helpers that tests import live in helpers.py."""
+"""Fixtures shared by the tests of several folders: a tiny character dataset, one thread, the estimator's configs of
+two small models and its trace made once per set of arguments. Helpers that tests import live in helpers.py."""
+import copy
+import inspect
+import json
 import pickle
 
 import pytest
@@ -7,6 +10,7 @@ import torch
 
 import estimate_memory
 from helpers import write_char_dataset
+from training.memory import estimate as em
 
 
 @pytest.fixture
@@ -49,3 +53,22 @@ def weighty(tmp_path):
     finetuning."""
     return estimator_config(tmp_path, 256, n_layer=2, n_head=4, n_embd=256, block_size=32, batch_size=1,
                             gradient_accumulation_steps=1, grad_clip=0.0)
+
+
+@pytest.fixture
+def trace_once(monkeypatch):
+    """estimate.trace, for this test and for the searches and ladders it runs, traced once per set of arguments: a
+    trace is a pure function of them, and a batch search retraces the configs that its test traces to check it."""
+    traces, trace = {}, em.trace
+    signature = inspect.signature(trace)
+
+    def traced_once(*args, **kwargs):
+        arguments = signature.bind(*args, **kwargs)
+        arguments.apply_defaults()  # the same call, whether an argument is given or left to its default
+        key = json.dumps({k: v for k, v in arguments.arguments.items() if k != 'progress'}, sort_keys=True)
+        if key not in traces:
+            traces[key] = trace(*args, **kwargs)
+        return copy.deepcopy(traces[key])  # estimate() adds to the dict it gets
+
+    monkeypatch.setattr(em, 'trace', traced_once)
+    return traced_once

@@ -119,6 +119,41 @@ def trace_card_preset(path):
     return estimate.budget(config, card_gb * 2 ** 30), estimate.trace(config, warm_start=True)
 
 
+def gpt2_estimator_config(batch_size, **overrides):
+    """estimate_memory.py's config of GPT-2 124M from scratch, block 1024, bf16, one micro-step; a small evaluation
+    batch keeps a trace with evaluation short."""
+    import estimate_memory
+    return {**estimate_memory.estimator_defaults(), 'init_from': 'scratch', 'dataset': 'openwebtext', 'n_layer': 12,
+            'n_head': 12, 'n_embd': 768, 'block_size': 1024, 'bias': False, 'dropout': 0.0, 'batch_size': batch_size,
+            'gradient_accumulation_steps': 1, 'eval_batch_size': 1, 'dtype': 'bfloat16', **overrides}
+
+
+def check_only_the_naive_loss_holds_the_logits(batch_size, n_layer):
+    """GPT-2's width and vocabulary in n_layer blocks at batch_size x 1024 tokens, traced warm-started (the same peak in
+    half the time) with nanoGPT's loss and with model.py's: the naive trace holds the (rows, 50304) bf16 logits and
+    more, the chunked one nothing of them beyond a chunk. Returns (naive, chunked, logits): the training phases'
+    traces and the logits' allocation."""
+    from model import CHUNK_ELEMENTS, VOCAB_BLOCK
+    from training.memory import estimate
+    naive, chunked = (estimate.trace(gpt2_estimator_config(batch_size, n_layer=n_layer), loss, evaluate=False,
+                                     warm_start=True)['train'] for loss in ('naive', 'chunked'))
+    rows = batch_size * 1024
+    logits = {'shape': [rows, 50304], 'dtype': 'bfloat16', 'bytes': rows * 50304 * 2, 'category': 'loss_path'}
+    assert logits in naive['largest_loss_path_allocations'] and logits in naive['largest_allocations']
+    # the loss path holds nothing larger than its own gradients (hidden: rows x 768, weight: 50304 x 768, fp32),
+    # so nothing of the (rows, 50304) logits beyond a chunk
+    assert max(a['bytes'] for a in chunked['largest_loss_path_allocations']) <= max(rows, 50304) * 768 * 4
+    assert chunked['largest_allocations'][0]['bytes'] < logits['bytes'] / 4
+    # its gradients; under bf16 autocast the bf16 copy of the weight and a block of bf16 product on its way into the
+    # fp32 weight gradient; one chunk's fp32 logits buffer and a bf16 chunk beside it; a few MiB of (rows, d) pieces
+    gradients = (rows + 50304) * 768 * 4
+    beyond_gradients = (50304 + VOCAB_BLOCK) * 768 * 2 + CHUNK_ELEMENTS * (4 + 2) + 8 * 2 ** 20
+    assert gradients < chunked['breakdown']['loss_path'] < gradients + beyond_gradients
+    # the naive loss's bf16 logits, their fp32 log-softmax and its fp32 gradient: 5 times the bf16 logits' bytes
+    assert naive['peak_bytes'] > chunked['peak_bytes'] + 5 * logits['bytes']
+    return naive, chunked, logits
+
+
 def assert_same_losses(stdout, reference, kind, iterations):
     """The logged losses of `kind` (see logged_losses) at `iterations` in stdout are those of `reference`."""
     losses, expected = logged_losses(stdout, kind), logged_losses(reference, kind)

@@ -1,16 +1,16 @@
-"""The estimator's slow checks, in this process: every card preset fits its card, and every rung of the ladder
-passes train.py's checks and fits."""
-import json
+"""The estimator's slow checks, in this process: every card preset fits its card, GPT-2 124M's logits at batch 64 exist
+only with nanoGPT's loss, and every rung of the ladder passes train.py's checks and fits."""
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from helpers import ROOT, trace_card_preset
+from helpers import ROOT, check_only_the_naive_loss_holds_the_logits, trace_card_preset
 from training import rules
 from training.memory import estimate as em
 
 
+GIB = 2 ** 30
 CARD_PRESETS = sorted((ROOT / 'config').glob('*_[0-9]*gb.py'))  # each named for its card: *_12gb.py, *_24gb.py
 
 
@@ -33,6 +33,14 @@ def test_card_presets_fit_their_card(card_preset_traces, path):
     assert train > result['train']['peak_bytes'] + em.CUDA_CONTEXT_BYTES
 
 
+def test_gpt2_at_batch_64_naive_loss_builds_the_full_logits_and_chunked_does_not():
+    """The seeds' "Tried to allocate 6.14 GiB": nanoGPT's logits of GPT-2 124M at batch 64 x 1024; model.py's loss holds
+    nothing of them beyond a chunk, the largest tensor of its trace an MLP activation."""
+    _, chunked, logits = check_only_the_naive_loss_holds_the_logits(64, n_layer=12)
+    assert round(logits['bytes'] / GIB, 2) == 6.14
+    assert chunked['largest_allocations'][0]['bytes'] < GIB // 2
+
+
 def passes_train_py_checks(config, command):
     """`config` with the printed --key=value `command` applied, checked by train.py's own rules (training.rules) for
     its world_size on a GPU; the applied config."""
@@ -41,19 +49,10 @@ def passes_train_py_checks(config, command):
     return applied
 
 
-def climb_every_rung(config, monkeypatch):
+def climb_every_rung(config):
     """The ladder at ever smaller budgets: each just below micro-batch 1's total at the rung the ladder before stopped
-    at, so that each climbs past it, until none fits. The ladders, each with its budget. The
-    ladders retrace the same configs: each trace (a pure function of its arguments) is made once."""
-    traces, trace = {}, em.trace
-
-    def trace_once(config, *args, **kwargs):
-        key = json.dumps([config, args, {k: v for k, v in kwargs.items() if k != 'progress'}], sort_keys=True)
-        if key not in traces:
-            traces[key] = trace(config, *args, **kwargs)
-        return traces[key]
-
-    monkeypatch.setattr(em, 'trace', trace_once)
+    at, so that each climbs past it, until none fits. The ladders, each with its budget. The ladders retrace the same
+    configs: the test's trace_once makes each trace once."""
     ladders = []
     budget = em.total_bytes(em.trace(config, evaluate=False)['train']['peak_bytes']) - 1  # below as configured
     while True:
@@ -71,7 +70,7 @@ def climb_every_rung(config, monkeypatch):
     pytest.param({'optimizer_in_backward': True, 'grad_clip': 0.0, 'gradient_accumulation_steps': 1, 'batch_size': 8},
                  id='step in backward', marks=pytest.mark.slow),
 ])
-def test_every_ladder_command_passes_train_py_checks_and_fits(tiny, overrides, monkeypatch):
+def test_every_ladder_command_passes_train_py_checks_and_fits(tiny, overrides, trace_once):
     """Every rung the ladder can stop at prints a command train.py accepts, whose step fits the budget, with the tokens
     per step it says; the step in backward cannot accumulate, so its command has one micro-step and says it has fewer
     tokens than configured (issue: it printed gradient_accumulation_steps=96, which train.py refuses). A rung that
@@ -79,7 +78,7 @@ def test_every_ladder_command_passes_train_py_checks_and_fits(tiny, overrides, m
     config = {**tiny, 'n_layer': 1, 'n_embd': 256, **overrides}  # wide enough for 8-bit moments to be smaller
     configured_samples = config['batch_size'] * config['gradient_accumulation_steps']
     stopped_at = []
-    ladders = climb_every_rung(config, monkeypatch)
+    ladders = climb_every_rung(config)
     for budget, steps in ladders[:-1]:
         last = steps[-1]
         stopped_at.append(last['rung'])

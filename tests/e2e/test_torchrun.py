@@ -76,18 +76,39 @@ def test_resume_under_another_mode_and_world_size(runs, tmp_path, saved, resumed
     assert result.stdout.count('note: ') == (processes != 2)
 
 
-@pytest.mark.parametrize('mode', MODES)
-def test_modern_architecture_on_two_processes_matches_one(runs, tmp_path, mode):
+def modern_recipe(mode):
     """The modern options, with the recipe's Muon where the mode allows it (fsdp splits the matrices Muon needs)."""
-    recipe = [*MODERN_ARCH_ARGS, '--lr_schedule=wsd', *(['--optim=muon', '--muon_momentum_warmup_iters=2']
-                                                         if mode != 'fsdp' else [])]
-    args = [*ARGS, *recipe, f'--data_dir={runs[1]}', '--max_iters=4']
-    single = run_script('train.py', *args, f'--out_dir={tmp_path / "single"}')
-    double = torchrun(*args, f'--out_dir={tmp_path / mode}', f'--parallelism={mode}')
-    assert single.returncode == 0 and double.returncode == 0, double.stderr[-3000:]
-    assert_same_losses(double.stdout, single.stdout, 'iter', range(5))
-    assert_same_losses(double.stdout, single.stdout, 'step', (0, 2, 4))
+    return [*MODERN_ARCH_ARGS, '--lr_schedule=wsd', *(['--optim=muon', '--muon_momentum_warmup_iters=2']
+                                                      if mode != 'fsdp' else [])]
+
+
+@pytest.fixture(scope='module')
+def modern_single(runs):
+    """One process's 6 iterations of modern_recipe, with Muon (ddp's and zero1's) and without (fsdp's): {mode: stdout},
+    each run once for the modes that share it."""
+    results = {}
+    for mode in ('zero1', 'fsdp'):
+        result = run_script('train.py', *ARGS, *modern_recipe(mode), f'--data_dir={runs[1]}', '--max_iters=6',
+                            f'--out_dir={runs[1].parent / f"modern-single-{mode}"}')
+        assert result.returncode == 0, result.stderr[-3000:]
+        results[mode] = result.stdout
+    return {'ddp': results['zero1'], **results}
+
+
+@pytest.mark.parametrize('mode', MODES)
+def test_modern_architecture_on_two_processes_matches_one(runs, modern_single, tmp_path, mode):
+    """modern_recipe on two processes against one; zero1's checkpoint, gathered from both ranks' shares of Muon's
+    state, resumes in one process with the uninterrupted run's losses."""
+    args = [*ARGS, *modern_recipe(mode), f'--data_dir={runs[1]}', f'--out_dir={tmp_path / mode}']
+    double = torchrun(*args, '--max_iters=4', f'--parallelism={mode}')
+    assert double.returncode == 0, double.stderr[-3000:]
+    assert_same_losses(double.stdout, modern_single[mode], 'iter', range(5))
+    assert_same_losses(double.stdout, modern_single[mode], 'step', (0, 2, 4))
     assert load(tmp_path / mode)['model_args']['pos_emb'] == 'rope'
+    if mode == 'zero1':
+        resumed = run_script('train.py', *args, '--max_iters=6', '--init_from=resume')
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert_same_losses(resumed.stdout, modern_single[mode], 'iter', range(4, 7))
 
 
 def test_fsdp_mixed_precision_trains_like_one_process_in_bf16(runs, tmp_path):
@@ -188,19 +209,3 @@ def test_fsdp_is_refused_with_one_line(data_dir, tmp_path):
     assert errors == ["error: optim='muon' orthogonalizes each whole weight matrix, which parallelism='fsdp' splits "
                       "over the processes: use --parallelism=zero1 (Muon's state is sharded there too) or ddp, or "
                       "another --optim with fsdp"]
-
-
-def test_two_processes_under_ddp_and_zero1_match_one(data_dir, tmp_path):
-    """The same global batch (2 micro-batches) on one process and on two; zero1's checkpoint, gathered from both
-    ranks' shares, resumes in one process with the uninterrupted run's losses."""
-    args = [*ARGS, f'--data_dir={data_dir}', '--optim=muon']
-    single = run_script('train.py', *args, f'--out_dir={tmp_path / "single"}', '--max_iters=6')
-    assert single.returncode == 0, single.stderr
-    for mode in ('ddp', 'zero1'):
-        result = torchrun(*args, f'--out_dir={tmp_path / mode}', '--max_iters=4', f'--parallelism={mode}')
-        assert result.returncode == 0, f'{mode}: {result.stderr[-3000:]}'
-        assert_same_losses(result.stdout, single.stdout, 'iter', range(5))
-        assert_same_losses(result.stdout, single.stdout, 'step', (0, 2, 4))
-    resumed = run_script('train.py', *args, f'--out_dir={tmp_path / "zero1"}', '--max_iters=6', '--init_from=resume')
-    assert resumed.returncode == 0, resumed.stderr
-    assert_same_losses(resumed.stdout, single.stdout, 'iter', range(4, 7))

@@ -12,26 +12,29 @@ from training.memory import estimate as em
 GIB = 2 ** 30
 
 
-def test_find_batch_size_cli_returns_a_fitting_batch_whose_double_does_not_fit(tiny, capsys, monkeypatch):
-    tiny = {**tiny, 'batch_size': 4, 'gradient_accumulation_steps': 32}  # 128 samples of 32 tokens per step
+def test_find_batch_size_cli_returns_a_fitting_batch_whose_double_does_not_fit(tiny, capsys, monkeypatch, trace_once):
+    tiny = {**tiny, 'n_layer': 1, 'batch_size': 4, 'gradient_accumulation_steps': 32}  # 128 samples of 32 tokens a step
 
-    def estimated_total(batch_size, checkpointing):
-        config = em.rebatched({**tiny, 'activation_checkpointing': checkpointing}, batch_size)
-        return em.total_bytes(em.trace(config, evaluate=False)['train']['peak_bytes'])
+    def estimated_total(config, batch_size, checkpointing):  # warm-started, as the search traces (the same peak)
+        config = em.rebatched({**config, 'activation_checkpointing': checkpointing}, batch_size)
+        return em.total_bytes(em.trace(config, evaluate=False, warm_start=True)['train']['peak_bytes'])
 
-    budget_gb = (estimated_total(8, False) + 1) / GIB
+    budget_gb = (estimated_total(tiny, 8, False) + 1) / GIB
     monkeypatch.setattr(estimate_memory, 'estimator_defaults', lambda: tiny)
-    with pytest.raises(SystemExit):  # the card's memory less the headroom is the budget
-        estimate_memory.main(['--find_batch_size', '--json', f'--gpu_memory_gb={budget_gb + 0.25}',
-                              '--gpu_headroom_gb=0.25'])
+    # the card's memory less the headroom is the budget
+    argv = ['--find_batch_size', '--json', f'--gpu_memory_gb={budget_gb + 0.25}', '--gpu_headroom_gb=0.25']
+    with pytest.raises(SystemExit):
+        estimate_memory.main(argv)
     result = json.loads(capsys.readouterr().out)
     assert result['budget_bytes'] == result['gpu_memory_bytes'] - GIB // 4 == int(budget_gb * GIB)
+    config = estimate_memory.load_config(argv)  # the script's config: trace_once retraces none of its traces
     off, on = result['find_batch_size']
     assert off['largest_batch_size'] == 8 and on['largest_batch_size'] >= 8
     for choice in (off, on):
         largest, checkpointing = choice['largest_batch_size'], choice['activation_checkpointing']
-        assert choice['largest_total_bytes'] == estimated_total(largest, checkpointing) <= result['budget_bytes']
-        assert estimated_total(2 * largest, checkpointing) > result['budget_bytes']
+        total = estimated_total(config, largest, checkpointing)
+        assert choice['largest_total_bytes'] == total <= result['budget_bytes']
+        assert estimated_total(config, 2 * largest, checkpointing) > result['budget_bytes']
         applied = passes_train_py_checks(tiny, choice['command'])  # what the report prints: train.py takes it
         assert (applied['batch_size'], applied['gradient_accumulation_steps'], applied['activation_checkpointing']) \
             == (choice['batch_size'], choice['gradient_accumulation_steps'], checkpointing)
@@ -83,6 +86,7 @@ def test_a_config_that_fits_needs_no_ladder(tiny, capsys, monkeypatch):
 
 def test_headroom_is_left_free_and_shown(tiny):
     """A config whose total fits the card exactly fits with no headroom and not with the default's."""
+    tiny = {**tiny, 'n_layer': 1, 'gradient_accumulation_steps': 1}  # the smallest trace: its figures do not matter
     result = em.estimate({**tiny, 'gpu_headroom_gb': 0.0})
     needed = max(result['total_bytes'], result['eval_total_bytes'])
     card_gb = needed / GIB
@@ -96,6 +100,7 @@ def test_headroom_is_left_free_and_shown(tiny):
 def test_exit_status_progress_and_json(tiny, capsys, monkeypatch):
     """0 when the config fits, 1 when it does not (so `estimate_memory.py ... && train.py ...` gates a launch), 2 for
     bad input; progress on stderr, so --json's stdout stays one JSON object."""
+    tiny = {**tiny, 'n_layer': 1, 'gradient_accumulation_steps': 1}  # the smallest trace: its figures do not matter
     monkeypatch.setattr(estimate_memory, 'estimator_defaults', lambda: tiny)
     for argv, status in ((['--gpu_memory_gb=12'], estimate_memory.FITS),
                          (['--gpu_memory_gb=1.1', '--batch_size=4096'], estimate_memory.DOES_NOT_FIT),

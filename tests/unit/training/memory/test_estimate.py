@@ -1,6 +1,7 @@
 """training/memory/estimate.py: the estimate against the real train.py's peak, its breakdown, each lever
 (parallelism, checkpointing, the autocast cache, resume, the optimizers, bf16 weights), the micro-batch search and
-the ladder. Tiny models except where GPT-2 124M is the point."""
+the ladder. Tiny models, and one block of GPT-2's width and vocabulary for the loss path (GPT-2 124M itself:
+tests/e2e/test_estimate_memory.py)."""
 import contextlib
 import importlib.util
 import io
@@ -11,8 +12,7 @@ from unittest import mock
 import pytest
 
 import estimate_memory
-from helpers import ROOT, write_char_dataset
-from model import CHUNK_ELEMENTS, VOCAB_BLOCK
+from helpers import ROOT, check_only_the_naive_loss_holds_the_logits, write_char_dataset
 from training import optim
 from training.checkpoint import save_checkpoint
 from training.errors import ConfigError
@@ -21,14 +21,6 @@ from training.memory.tracer import MemoryTracer
 
 
 GIB = 2 ** 30
-
-
-def gpt2_config(batch_size, **overrides):
-    """GPT-2 124M from scratch, block 1024, bf16, one micro-step; a small evaluation batch keeps the trace short."""
-    return {**estimate_memory.estimator_defaults(), 'init_from': 'scratch', 'dataset': 'openwebtext', 'n_layer': 12,
-            'n_head': 12,
-            'n_embd': 768, 'block_size': 1024, 'bias': False, 'dropout': 0.0, 'batch_size': batch_size,
-            'gradient_accumulation_steps': 1, 'eval_batch_size': 1, 'dtype': 'bfloat16', **overrides}
 
 
 # the keys of each comparison with the real train.py: the levers the estimate must follow train.py through
@@ -109,14 +101,16 @@ def test_ddp_adds_a_copy_of_the_gradients(tiny):
 
 
 def test_zero1_and_fsdp_split_the_per_rank_state_over_the_ranks(tiny):
-    """Rank 0's share, traced through the real sharding code over a stand-in process group."""
-    tiny = {**tiny, 'gradient_accumulation_steps': 4, 'n_layer': 4}  # FSDP gathers a block or two at a time
+    """Rank 0's share, traced through the real sharding code over a stand-in process group, one micro-step a rank
+    (FSDP over several: test_fsdp_mixed_precision_gathers_the_weights_in_half_the_bytes)."""
+    tiny = {**tiny, 'gradient_accumulation_steps': 1, 'n_layer': 3}  # FSDP gathers a block or two at a time
     params = sum(p.numel() for p in em.build(tiny, False)[0].parameters())
     single = em.trace(tiny, evaluate=False)['train']
     for parallelism in ('zero1', 'fsdp'):
         peaks, weights = [], []
         for world_size in (2, 4):
-            result = em.trace({**tiny, 'world_size': world_size, 'parallelism': parallelism}, evaluate=False)
+            result = em.trace({**tiny, 'world_size': world_size, 'gradient_accumulation_steps': world_size,
+                               'parallelism': parallelism}, evaluate=False)
             breakdown = result['train']['breakdown']
             assert result['parallelism'] == parallelism
             # AdamW's two fp32 moments: rank 0 holds about its 1/world_size share, a tensor or a row more at most
@@ -134,7 +128,7 @@ def test_zero1_and_fsdp_split_the_per_rank_state_over_the_ranks(tiny):
 def test_fsdp_mixed_precision_gathers_the_weights_in_half_the_bytes(tiny):
     """Through the real fully_shard with its MixedPrecisionPolicy: the shards stay fp32 (as does the optimizer state);
     the blocks gathered at the peak are bf16."""
-    tiny = {**tiny, 'gradient_accumulation_steps': 4, 'n_layer': 4, 'dtype': 'bfloat16', 'parallelism': 'fsdp',
+    tiny = {**tiny, 'gradient_accumulation_steps': 4, 'n_layer': 2, 'dtype': 'bfloat16', 'parallelism': 'fsdp',
             'world_size': 2}
     fp32, bf16 = (em.trace({**tiny, 'fsdp_mixed_precision': on}, evaluate=False)['train'] for on in (False, True))
     shards = sum(p.numel() for p in em.build(tiny, False)[0].parameters()) * 4 / 2  # about rank 0's fp32 share
@@ -146,7 +140,7 @@ def test_fsdp_mixed_precision_gathers_the_weights_in_half_the_bytes(tiny):
 
 def test_activation_checkpointing_lowers_the_traced_activations(tiny):
     tiny = {**tiny, 'n_layer': 4, 'batch_size': 8}  # enough blocks that their saved activations dominate
-    plain, checkpointed = (em.trace({**tiny, 'activation_checkpointing': on}, evaluate=False)['train']
+    plain, checkpointed = (em.trace({**tiny, 'activation_checkpointing': on}, evaluate=False, warm_start=True)['train']
                            for on in (False, True))
     assert checkpointed['breakdown']['activations'] < plain['breakdown']['activations'] / 2
     assert checkpointed['peak_bytes'] < plain['peak_bytes']
@@ -163,22 +157,10 @@ def test_resume_takes_the_model_from_the_checkpoint(tiny, tmp_path):
         em.trace({**config, 'out_dir': str(tmp_path / 'missing')})
 
 
-def test_naive_loss_at_batch_64_builds_the_full_logits_and_chunked_does_not():
-    naive = em.trace(gpt2_config(64), loss='naive')['train']
-    logits = {'shape': [65536, 50304], 'dtype': 'bfloat16', 'bytes': 65536 * 50304 * 2, 'category': 'loss_path'}
-    assert logits in naive['largest_loss_path_allocations'] and logits in naive['largest_allocations']
-    assert round(logits['bytes'] / GIB, 2) == 6.14  # the seeds' "Tried to allocate 6.14 GiB"
-    chunked = em.trace(gpt2_config(64))['train']
-    # the loss path holds nothing larger than its own gradients (hidden: 65536 x 768, weight: 50304 x 768, fp32),
-    # so nothing of the (65536, 50304) logits beyond a chunk
-    assert max(a['bytes'] for a in chunked['largest_loss_path_allocations']) <= 65536 * 768 * 4
-    assert chunked['largest_allocations'][0]['bytes'] < GIB // 2  # an MLP activation
-    # its gradients; under bf16 autocast the bf16 copy of the weight and a block of bf16 product on its way into the
-    # fp32 weight gradient; one chunk's fp32 logits buffer and a bf16 chunk beside it; a few MiB of (rows, d) pieces
-    gradients = (65536 + 50304) * 768 * 4
-    beyond_gradients = (50304 + VOCAB_BLOCK) * 768 * 2 + CHUNK_ELEMENTS * (4 + 2) + 8 * 2 ** 20
-    assert gradients < chunked['breakdown']['loss_path'] < gradients + beyond_gradients
-    assert naive['peak_bytes'] > chunked['peak_bytes'] + 30 * GIB
+def test_naive_loss_builds_the_full_logits_and_chunked_does_not():
+    """GPT-2's width and vocabulary in one block, at micro-batch 8; GPT-2 124M at batch 64, the seeds' 6.14 GiB of
+    logits: tests/e2e/test_estimate_memory.py."""
+    check_only_the_naive_loss_holds_the_logits(8, n_layer=1)
 
 
 @pytest.mark.parametrize('overrides', [
@@ -186,9 +168,10 @@ def test_naive_loss_at_batch_64_builds_the_full_logits_and_chunked_does_not():
     {'gradient_accumulation_steps': 4, 'activation_checkpointing': True},
     {'gradient_accumulation_steps': 1, 'grad_clip': 0.0, 'optimizer_in_backward': True},
     {'dtype': 'bfloat16', 'weight_dtype': 'bfloat16', 'optim': 'adamw_bf16'},
+    {'dtype': 'bfloat16', 'activation_checkpointing': True, 'autocast_cache': True},
 ], ids=lambda overrides: ','.join(f'{k}={v}' for k, v in overrides.items()))
 def test_warm_start_trace_has_the_same_peak_as_two_full_iterations(tiny, overrides):
-    config = {**tiny, **overrides}
+    config = {**tiny, 'n_layer': 1, **overrides}  # what warm_start skips is in every block alike: one is enough
     full = em.trace(config, evaluate=False)['train']
     warm = em.trace(config, evaluate=False, warm_start=True)['train']
     assert (warm['peak_bytes'], warm['breakdown']) == (full['peak_bytes'], full['breakdown'])
@@ -203,8 +186,9 @@ def test_warm_start_steps_in_backward_a_parameter_at_a_time(weighty):
     assert (warm['peak_bytes'], warm['breakdown']) == (full['peak_bytes'], full['breakdown'])
 
 
-def test_pick_batch_size_keeps_tokens_per_step_and_fails_clearly(tiny):
-    free = em.total_bytes(em.trace(em.rebatched(tiny, 3), evaluate=False)['train']['peak_bytes'], cuda_context=False)
+def test_pick_batch_size_keeps_tokens_per_step_and_fails_clearly(tiny, trace_once):
+    free = em.total_bytes(em.trace(em.rebatched(tiny, 3), evaluate=False, warm_start=True)['train']['peak_bytes'],
+                          cuda_context=False)
     train_keys = {k: v for k, v in tiny.items() if k not in em.ESTIMATOR_DEFAULTS}  # as train.py passes it
     # the free memory less gpu_headroom_gb, left to other programs, is the budget
     headroom = int(tiny['gpu_headroom_gb'] * GIB)
@@ -228,7 +212,7 @@ def test_autocast_cache_holds_a_copy_of_the_weights_that_off_frees(tiny):
     """autocast's cache keeps the bf16 cast of every weight through the forward; with checkpointing nothing else
     holds them (backward recomputes the block), so with the cache off they are gone at the peak, as in evaluation."""
     config = {**tiny, 'dtype': 'bfloat16', 'activation_checkpointing': True, 'n_layer': 4}
-    cached, uncached = (em.trace({**config, 'autocast_cache': on}) for on in (True, False))
+    cached, uncached = (em.trace({**config, 'autocast_cache': on}, warm_start=True) for on in (True, False))
     matrices = sum(p.numel() for name, p in em.build(config, True)[0].named_parameters()
                    if p.dim() == 2 and name.startswith('transformer.h.'))
     assert cached['train']['breakdown']['weight_copies'] >= 2 * matrices  # the blocks' matrices in bf16
@@ -238,15 +222,15 @@ def test_autocast_cache_holds_a_copy_of_the_weights_that_off_frees(tiny):
     assert uncached['eval']['peak_bytes'] == cached['eval']['peak_bytes'] - cached['eval']['breakdown']['weight_copies']
 
 
-def test_ladder_climbs_to_the_first_rung_that_fits(tiny):
+def test_ladder_climbs_to_the_first_rung_that_fits(tiny, trace_once):
     """A budget between micro-batch 1's total without activation checkpointing and with it: the ladder stops at
     checkpointing, with the largest micro-batch that fits there and at least the config's samples per step."""
-    tiny = {**tiny, 'n_layer': 4, 'block_size': 256, 'batch_size': 4, 'gradient_accumulation_steps': 2}
+    tiny = {**tiny, 'n_layer': 2, 'block_size': 256, 'batch_size': 4, 'gradient_accumulation_steps': 2}
 
     def total(config):
         return em.total_bytes(em.trace(config, evaluate=False, warm_start=True)['train']['peak_bytes'])
 
-    plain, checkpointed = (total({**tiny, 'batch_size': 1, 'activation_checkpointing': on}) for on in (False, True))
+    plain, checkpointed = (total(em.rebatched({**tiny, 'activation_checkpointing': on}, 1)) for on in (False, True))
     budget = (plain + checkpointed) // 2
     steps = em.ladder(tiny, budget)
     assert [(step['rung'], step['fits']) for step in steps] == [('as configured', False),
@@ -265,10 +249,11 @@ needs_torchao = pytest.mark.skipif(importlib.util.find_spec('torchao') is None,
 
 @needs_torchao
 def test_estimator_reflects_each_lever(weighty, monkeypatch):
-    # the non-fused steps' temporaries are one chunk's: small chunks keep them small beside this model's state
-    monkeypatch.setattr(optim, 'CHUNK_ELEMENTS', 2 ** 14)
-    def traced(**overrides):
-        return em.trace({**weighty, **overrides}, evaluate=False)['train']
+    # the non-fused steps' temporaries are one chunk's: small chunks keep them small beside this model's state (a
+    # quarter of its (1024, 256) matrices: smaller ones take many more ops to trace)
+    monkeypatch.setattr(optim, 'CHUNK_ELEMENTS', 2 ** 16)
+    def traced(**overrides):  # one block: the state's share of the peak is as large, in half the ops
+        return em.trace({**weighty, 'n_layer': 1, **overrides}, evaluate=False)['train']
     adamw, bf16, int8 = (traced(optim=name) for name in ('adamw', 'adamw_bf16', 'adamw_8bit'))
     state = adamw['breakdown']['optimizer_state']
     assert bf16['breakdown']['optimizer_state'] == pytest.approx(state / 2, rel=0.01)
