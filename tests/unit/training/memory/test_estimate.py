@@ -1,83 +1,19 @@
-"""training/memory/estimate.py: the estimate against the real train.py's peak, its breakdown, each lever
-(parallelism, checkpointing, the autocast cache, resume, the optimizers, bf16 weights), the micro-batch search and
-the ladder. Tiny models, and one block of GPT-2's width and vocabulary for the loss path (GPT-2 124M itself:
+"""training/memory/estimate.py: its breakdown, each lever (parallelism, checkpointing, the autocast cache, resume, the
+optimizers, bf16 weights), the micro-batch search and the ladder. Tiny models, and one block of GPT-2's width and
+vocabulary for the loss path (GPT-2 124M itself, and the estimate against the real train.py's peak:
 tests/e2e/test_estimate_memory.py)."""
-import contextlib
 import importlib.util
-import io
-import runpy
-import sys
-from unittest import mock
 
 import pytest
 
-import estimate_memory
-from helpers import ROOT, check_only_the_naive_loss_holds_the_logits, write_char_dataset
+from helpers import check_only_the_naive_loss_holds_the_logits
 from training import optim
 from training.checkpoint import save_checkpoint
 from training.errors import ConfigError
 from training.memory import estimate as em
-from training.memory.tracer import MemoryTracer
 
 
 GIB = 2 ** 30
-
-
-# the keys of each comparison with the real train.py: the levers the estimate must follow train.py through
-FIDELITY_CASES = {
-    'fp32': {},
-    'bf16 autocast': {'dtype': 'bfloat16'},
-    'checkpointing': {'activation_checkpointing': True},
-    'accumulation': {'gradient_accumulation_steps': 3},
-    'bf16 with checkpointing and accumulation': {'dtype': 'bfloat16', 'activation_checkpointing': True,
-                                                 'gradient_accumulation_steps': 2},
-    'adamw_bf16': {'optim': 'adamw_bf16'},
-    'optimizer_in_backward': {'optimizer_in_backward': True, 'grad_clip': 0.0},
-    # Newton-Schulz's temporaries (the Nesterov update, its bf16 copy, the Gram matrices) traced as they run
-    'muon with accumulation': {'optim': 'muon', 'gradient_accumulation_steps': 2},
-    'autocast cache with checkpointing': {'dtype': 'bfloat16', 'activation_checkpointing': True,
-                                          'autocast_cache': True},
-    'bf16 weights': {'dtype': 'bfloat16', 'weight_dtype': 'bfloat16', 'gradient_accumulation_steps': 2},
-    # rotary, RMSNorm, QK-norm, ReLU^2, an untied head and the soft-capped loss's second chunk buffer; the value
-    # embeddings' table and rows (kept for both blocks that use them), the kept U-net outputs, the embedding x0
-    'modern architecture, muon, checkpointing': {'pos_emb': 'rope', 'norm': 'rmsnorm', 'qk_norm': True, 'mlp': 'relu2',
-                                                 'tie_weights': False, 'zero_init_proj': True, 'logit_softcap': 15.0,
-                                                 'value_embeds': 1, 'unet_skips': True, 'x0_shortcut': True,
-                                                 'optim': 'muon', 'activation_checkpointing': True},
-    'value embeddings, U-net skips and x0 in bf16': {'value_embeds': 1, 'unet_skips': True, 'x0_shortcut': True,
-                                                     'dtype': 'bfloat16'},
-    'bf16 weights, 8-bit moments, step in backward': {'dtype': 'bfloat16', 'weight_dtype': 'bfloat16',
-                                                      'optim': 'adamw_8bit', 'optimizer_in_backward': True,
-                                                      'grad_clip': 0.0},
-}
-FIDELITY_MODEL = dict(n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=8, bias=False, dropout=0.0)
-
-
-def train_py_peak(keys, data_dir, out_dir):
-    """The peak of live tensor bytes of the real train.py, run in this process on the CPU under the estimator's tracer:
-    an evaluation at iteration 0 (smaller: no optimizer state, no gradients), then 2 training iterations."""
-    argv = ['train.py', f'--data_dir={data_dir}', '--dataset=fidelity', f'--out_dir={out_dir}', '--device=cpu',
-            '--compile=False', '--max_iters=1', '--eval_iters=1', '--eval_batch_size=1', '--log_interval=1',
-            *(f'--{key}={value}' for key, value in keys.items())]
-    with MemoryTracer() as tracer, mock.patch.object(sys, 'argv', argv), contextlib.redirect_stdout(io.StringIO()):
-        runpy.run_path(str(ROOT / 'train.py'), run_name='__main__')
-    return tracer.peak
-
-
-@pytest.mark.parametrize('case', FIDELITY_CASES)
-def test_estimate_equals_the_peak_of_the_real_train_py(tmp_path, case):
-    """The estimator's own loop, model and optimizer against train.py itself: an edit to train.py's loop that changes
-    what it keeps alive shows here."""
-    if FIDELITY_CASES[case].get('optim') == 'adamw_8bit' and importlib.util.find_spec('torchao') is None:
-        pytest.skip('adamw_8bit needs torchao: pip install -r requirements-dev.txt')
-    write_char_dataset(tmp_path / 'data', 'fidelity', vocab_size=96)
-    keys = {'dtype': 'float32', 'gradient_accumulation_steps': 1, **FIDELITY_MODEL, **FIDELITY_CASES[case]}
-    real = train_py_peak(keys, tmp_path / 'data', tmp_path / 'out')
-    config = {**estimate_memory.estimator_defaults(), 'data_dir': str(tmp_path / 'data'), 'dataset': 'fidelity',
-              **keys}
-    em.check_config(config)
-    estimated = em.trace(config, evaluate=False, device_type='cpu')['train']['peak_bytes']
-    assert estimated == pytest.approx(real, rel=0.02)
 
 
 def test_breakdown_sums_to_peak_and_names_the_parts(tiny):
