@@ -23,6 +23,7 @@ mlp = 'relu2'
 tie_weights = False
 logit_softcap = 15.0
 value_embeds = 1 # a later record's value embeddings, one table (blocks 0 and 11): 38.6M embedding parameters
+unet_skips = True # U-net skips: blocks 0-5's outputs added to blocks 11-6's inputs, a learned weight each
 
 # ~0.5M tokens per optimizer step, as modded-nanogpt's record and llm.c: 4 * 1024 * 128 = 524,288 tokens
 batch_size = 4

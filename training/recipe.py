@@ -7,19 +7,19 @@ from training.rules import MODERN_DEFAULTS
 BASELINE = {'optim': 'adamw', 'lr_schedule': 'cosine'}
 # The recipe: modded-nanogpt's architecture, Muon for the blocks' matrices, warmup-stable-decay; the learning rates
 # of its AdamW groups as tuned on character-level Tiny Shakespeare (docs/recipe.md), also in config/speedrun_*.py.
-# Without modded-nanogpt's zero-initialized projections, which cost loss in bench_optim.py's ablation, and its U-net
-# skips and embedding shortcut, which changed nothing measurable there (DROPPED). One value-embedding table: the most
-# the ablation's 2-layer model takes
+# Without modded-nanogpt's zero-initialized projections, which cost loss in bench_optim.py's ablation, and its
+# embedding shortcut, which changed nothing measurable there (DROPPED). One value-embedding table: the most the
+# ablation's 2-layer model takes. U-net skips: neutral at 2 and 4 layers, paying at 8 (docs/recipe.md)
 RECIPE = {'pos_emb': 'rope', 'norm': 'rmsnorm', 'qk_norm': True, 'mlp': 'relu2', 'tie_weights': False,
-          'logit_softcap': 15.0, 'value_embeds': 1, 'optim': 'muon', 'lr_schedule': 'wsd',
+          'logit_softcap': 15.0, 'value_embeds': 1, 'unet_skips': True, 'optim': 'muon', 'lr_schedule': 'wsd',
           'muon_learning_rate': 0.02, 'embedding_learning_rate': 0.01, 'head_learning_rate': 0.004}
 # component: what the recipe without it has instead (GPT-2's or nanoGPT's choice)
 ABLATIONS = {'rope': {'pos_emb': 'learned'}, 'rmsnorm': {'norm': 'layernorm'}, 'qk_norm': {'qk_norm': False},
              'relu2': {'mlp': 'gelu'}, 'untied_head': {'tie_weights': True}, 'softcap': {'logit_softcap': 0.0},
-             'value_embeds': {'value_embeds': 0}, 'muon': {'optim': 'adamw'}, 'wsd': {'lr_schedule': 'cosine'}}
+             'value_embeds': {'value_embeds': 0}, 'unet_skips': {'unet_skips': False}, 'muon': {'optim': 'adamw'},
+             'wsd': {'lr_schedule': 'cosine'}}
 # component tried and left out: what the recipe with it has
-DROPPED = {'zero_init': {'zero_init_proj': True}, 'unet_skips': {'unet_skips': True},
-           'x0_shortcut': {'x0_shortcut': True}}
+DROPPED = {'zero_init': {'zero_init_proj': True}, 'x0_shortcut': {'x0_shortcut': True}}
 RUNS = {'baseline': BASELINE, 'recipe': RECIPE,
         **{f'recipe-{component}': {**RECIPE, **change} for component, change in ABLATIONS.items()},
         **{f'recipe+{component}': {**RECIPE, **change} for component, change in DROPPED.items()}}
