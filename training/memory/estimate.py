@@ -206,7 +206,7 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
              f"{'on' if activation_checkpointing else 'off'}, {config['optim']}"
              f"{', step in backward' if config['optimizer_in_backward'] else ''}")
     tracer = MemoryTracer(alignment)
-    with sharded_rank(config) as mesh, FakeTensorMode(), tracer:
+    with sharded_rank(config) as mesh, FakeTensorMode(), tracer, optim.representative_chunks_only():
         model, optimizer = build(config, activation_checkpointing, mesh, device_type)
         model.loss_fn = tracer.traced_loss(naive_cross_entropy if loss == 'naive' else model.loss_fn)
         tracer.watch(model, local_optimizer(optimizer))

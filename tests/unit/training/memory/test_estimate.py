@@ -5,6 +5,8 @@ tests/e2e/test_estimate_memory.py)."""
 import importlib.util
 
 import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from helpers import check_only_the_naive_loss_holds_the_logits
 from training import optim
@@ -201,6 +203,29 @@ def test_estimator_reflects_each_lever(weighty, monkeypatch):
     assert fused['peak_bytes'] < adamw['peak_bytes'] - adamw['breakdown']['gradients'] / 2
     with pytest.raises(ConfigError, match='gradient_accumulation_steps=2'):
         em.check_config({**weighty, 'optimizer_in_backward': True, 'gradient_accumulation_steps': 2})
+
+
+@pytest.mark.parametrize('name, weight_dtype', [('adamw_bf16', torch.float32), ('adamw', torch.bfloat16),
+                                                pytest.param('adamw_8bit', torch.bfloat16, marks=needs_torchao)])
+def test_a_step_of_representative_chunks_traces_the_peak_of_every_chunk(monkeypatch, name, weight_dtype):
+    # chunks of 100 blocks of 256: a short last chunk after 11 full ones, in each of two matrices
+    monkeypatch.setattr(optim, 'CHUNK_ELEMENTS', 100 * 256)
+    optim.warm_up(name)
+
+    def traced_step(chunks):
+        tracer = MemoryTracer()
+        with FakeTensorMode(), tracer, chunks:
+            model = torch.nn.Sequential(torch.nn.Linear(1000, 300, bias=False, dtype=weight_dtype),
+                                        torch.nn.Linear(300, 1000, bias=False, dtype=weight_dtype))
+            optimizer = optim.optimizer_class(name, str(weight_dtype).removeprefix('torch.'))(model.parameters())
+            tracer.watch(model, optimizer)
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+            optimizer.step()  # the first step makes the state
+            tracer.reset_peak()
+            optimizer.step()
+            return tracer.phase_result()
+    assert traced_step(optim.representative_chunks_only()) == traced_step(contextlib.nullcontext())
 
 
 def test_bf16_weights_halve_weights_and_gradients_in_the_estimate(weighty):
