@@ -83,7 +83,7 @@ def test_estimate_equals_the_peak_of_the_real_train_py(tmp_path, case):
 @pytest.fixture(scope='module')
 def card_preset_traces():
     """{preset: future of helpers.trace_card_preset}, two at a time: a trace is single-threaded Python (FakeTensorMode
-    computes nothing), and each gpt2-xl preset's takes most of a minute. A failed trace fails its own test."""
+    computes nothing), and each gpt2-xl preset's takes a minute or two. A failed trace fails its own test."""
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context('spawn')) as pool:
         yield {path: pool.submit(trace_card_preset, path) for path in CARD_PRESETS}
 
