@@ -2,6 +2,7 @@
 optimizers, bf16 weights), the micro-batch search and the ladder. Tiny models, and one block of GPT-2's width and
 vocabulary for the loss path (GPT-2 124M itself, and the estimate against the real train.py's peak:
 tests/e2e/test_estimate_memory.py)."""
+import contextlib
 import importlib.util
 
 import pytest
@@ -13,6 +14,7 @@ from training import optim
 from training.checkpoint import save_checkpoint
 from training.errors import ConfigError
 from training.memory import estimate as em
+from training.memory.tracer import MemoryTracer
 
 
 GIB = 2 ** 30
