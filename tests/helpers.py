@@ -36,6 +36,16 @@ def tiny_gpt(seed=0, **config):
     return GPT(GPTConfig(**{'n_layer': 2, 'n_head': 2, 'n_embd': 16, 'block_size': 16, 'vocab_size': 50, **config}))
 
 
+def softcap_inputs(dtype, n=70, d=16, v=97, seed=0):
+    """(hidden, weight, targets) for the soft-capped loss: logits well into tanh's flat part, every 7th target -1."""
+    g = torch.Generator().manual_seed(seed)
+    h = (3 * torch.randn(n, d, generator=g, dtype=dtype)).requires_grad_()
+    w = torch.randn(v, d, generator=g, dtype=dtype, requires_grad=True)
+    t = torch.randint(0, v, (n,), generator=g)
+    t[::7] = -1
+    return h, w, t
+
+
 def train_steps(model, optimizers, steps, first=0, scaler=None):
     """train.py's step (no accumulation, no clipping) on one fixed batch, steps first .. first+steps-1, each group's
     learning rate warming up linearly to the one it holds when called; `optimizers` are stepped in turn (one, or two

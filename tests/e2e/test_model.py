@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import model as model_lib
-from helpers import ROOT, tiny_gpt
+from helpers import ROOT, softcap_inputs, tiny_gpt
 
 
 @pytest.mark.parametrize('options', [{}, dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2',
@@ -33,17 +33,8 @@ def test_compiled_model_matches_eager_and_runs_the_compiled_chunks(monkeypatch, 
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def inputs(dtype, n=70, d=16, v=97, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    h = (3 * torch.randn(n, d, generator=g, dtype=dtype)).requires_grad_()  # logits well into tanh's flat part
-    w = torch.randn(v, d, generator=g, dtype=dtype, requires_grad=True)
-    t = torch.randint(0, v, (n,), generator=g)
-    t[::7] = -1
-    return h, w, t
-
-
 def test_softcap_compiled_chunks_match_eager():
-    h, w, t = inputs(torch.float32)
+    h, w, t = softcap_inputs(torch.float32)
     results = []
     for fused in (False, True):
         loss = model_lib._chunked_cross_entropy(h, w, t, -1, 16, 'mean', fused=fused, softcap=5.0)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import model as model_lib
-from helpers import ROOT
+from helpers import ROOT, softcap_inputs
 from model import GPT, GPTConfig, LayerNorm, apply_rotary, chunked_cross_entropy, rotary_cos_sin, value_embed_table
 
 
@@ -66,19 +66,10 @@ def softcapped_naive(h, w, t, softcap, reduction='mean'):
     return F.cross_entropy(softcap * torch.tanh(logits / softcap), t, ignore_index=-1, reduction=reduction)
 
 
-def inputs(dtype, n=70, d=16, v=97, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    h = (3 * torch.randn(n, d, generator=g, dtype=dtype)).requires_grad_()  # logits well into tanh's flat part
-    w = torch.randn(v, d, generator=g, dtype=dtype, requires_grad=True)
-    t = torch.randint(0, v, (n,), generator=g)
-    t[::7] = -1
-    return h, w, t
-
-
 @pytest.mark.parametrize('dtype, tolerance', [(torch.float64, 1e-12), (torch.float32, 2e-5)])
 @pytest.mark.parametrize('chunk_size', [16, None])
 def test_softcap_loss_and_gradients_match_naive(dtype, tolerance, chunk_size):
-    h, w, t = inputs(dtype)
+    h, w, t = softcap_inputs(dtype)
     loss = chunked_cross_entropy(h, w, t, chunk_size=chunk_size, softcap=5.0)
     grads = torch.autograd.grad(loss, (h, w))
     expected = softcapped_naive(h, w, t, 5.0)
@@ -97,7 +88,7 @@ def test_softcap_loss_and_gradients_match_naive(dtype, tolerance, chunk_size):
 
 
 def test_softcap_under_bf16_autocast_is_close_to_fp32():
-    h, w, t = inputs(torch.float32)
+    h, w, t = softcap_inputs(torch.float32)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         loss = chunked_cross_entropy(h, w, t, chunk_size=16, softcap=5.0)
     grads = torch.autograd.grad(loss, (h, w))
