@@ -1,16 +1,15 @@
 # GPT-2 (124M) from scratch with the modern recipe (docs/recipe.md) on one 12 GB card (e.g. RTX 3060 12GB), to
 # GPT-2 124M quality on FineWeb: the speedrun's 3.28 validation loss. modded-nanogpt's record with this architecture
 # and Muon reached it in 2.67B tokens (llm.c's GPT-2 baseline: 10B); this preset's budget is that record's, 5,100
-# steps of 524,288 tokens (the recipe leaves out that record's zero-initialized projections and adds a later one's
-# value embeddings: docs/recipe.md).
+# steps of 524,288 tokens (the recipe leaves out that record's zero-initialized projections and adds later ones'
+# value embeddings and U-net skips; their record needed 1.57B: --max_iters=3000 --lr_decay_iters=3000).
 # Validation on held-out FineWeb documents, HellaSwag at each evaluation.
 # $ python prepare/openwebtext.py --dataset HuggingFaceFW/fineweb --name sample-10BT \
 #       --max_tokens 3_000_000_000 --out_dir data/fineweb
 # $ python estimate_memory.py config/speedrun_gpt2_12gb.py --gpu_memory_gb=12
 # $ python train.py config/speedrun_gpt2_12gb.py
-# What it takes, a projection, not a measurement (docs/recipe.md, Projection): 2.67B tokens x 855 MFLOPs a token
-# (6 x the 124M parameters that multiply, the untied head's included, + attention) on an RTX 3060's 25.5 TFLOPS
-# dense bf16 at an assumed 40% MFU: ~62 hours, 2.6 days.
+# How long it takes per card: docs/recipe.md's projection; on yours, measure it with
+# $ python bench.py config/speedrun_gpt2_12gb.py --real_data=False
 
 dataset = 'fineweb'
 out_dir = 'out-speedrun-gpt2'

@@ -5,8 +5,8 @@
 #       --max_tokens 3_000_000_000 --out_dir data/fineweb
 # $ python estimate_memory.py config/speedrun_gpt2_8gb.py --gpu_memory_gb=8
 # $ python train.py config/speedrun_gpt2_8gb.py
-# What it takes, a projection, not a measurement (docs/recipe.md, Projection): 2.67B tokens x 855 MFLOPs a token
-# on an RTX 4060 Ti's 44.1 TFLOPS dense bf16 at an assumed 40% MFU: ~36 hours.
+# How long it takes per card: docs/recipe.md's projection; on yours, measure it with
+# $ python bench.py config/speedrun_gpt2_8gb.py --real_data=False
 
 dataset = 'fineweb'
 out_dir = 'out-speedrun-gpt2'
