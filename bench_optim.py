@@ -14,7 +14,9 @@ $ python bench_optim.py --runs=adamw,autocast_cache --dtype=bfloat16 --activatio
 The modern recipe against nanoGPT's (docs/recipe.md): 'baseline' is nanoGPT's GPT-2 architecture, AdamW and cosine
 schedule; 'recipe' is RECIPE (modern architecture, Muon, warmup-stable-decay); 'recipe-X' is the recipe without its
 component X (recipe.ABLATIONS), 'recipe+X' with the component X it left out (recipe.DROPPED); --runs=ablation runs
-all of them. With several --seeds (each its own initial weights, batches and validation windows) the curves are means
+all of them; 'recipe+documents' and 'recipe+packed' (recipe.LAYOUTS, GPT-2 BPE datasets) attend within documents, the
+second over sequences 4 blocks long windowed at block_size, on the same tokens a step and the same validation tokens
+(every run reads windows of 4 blocks, split into its own sequences). With several --seeds (each its own initial weights, batches and validation windows) the curves are means
 over the seeds, and the summary gives each run's final val loss and the step at which it first reaches the first
 run's final val loss, seed by seed.
 $ python bench_optim.py --dataset=shakespeare_char --runs=ablation --seeds=1,2
@@ -35,7 +37,7 @@ from model import GPT, GPTConfig
 from training import recipe, rules
 from training.device import TORCH_DTYPES
 from training.errors import ConfigError, install_handler
-from training.optim import MUON_ONLY_KEYS, build_optimizer, check_config, group_lr, muon_matrices, muon_momentum_at
+from training.optim import build_optimizer, check_config, group_lr, muon_matrices, muon_momentum_at
 from training.schedule import scheduled_lr
 
 install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
@@ -79,7 +81,7 @@ RUNS = {'adamw': {'optim': 'adamw'}, 'muon': {'optim': 'muon'},
         'bf16_nearest': {'optim': 'adamw', 'weight_dtype': 'bfloat16', 'nearest': True},
         'autocast_cache': {'optim': 'adamw', 'autocast_cache': True}}  # the same losses: its cost is the time
 RUNS.update(recipe.RUNS) # 'baseline', 'recipe', 'recipe-X' (recipe.ABLATIONS) and 'recipe+X' (recipe.DROPPED)
-RUN_GROUPS = {'ablation': list(recipe.RUNS)}
+RUN_GROUPS = {'ablation': [name for name in recipe.RUNS if name[len('recipe+'):] not in recipe.LAYOUTS]}
 
 
 def run_names(runs):
@@ -97,21 +99,28 @@ names = run_names(config['runs'])
 seed_list = [int(seed) for seed in config['seeds'].split(',')]
 config.update(optimizer_in_backward=False, parallelism='ddp', weight_dtype='float32', init_from='scratch',
               hellaswag=False, bias=False, dropout=0.0) # one process, standard step, a model from scratch
+# the windows every run reads: `span` tokens, the longest sequence of any run, split into each run's sequences
+span = max(recipe.run_keys(RUNS[name], config)['block_size'] for name in names)
+if config['batch_size'] * config['block_size'] % span:
+    raise ConfigError(f"batch_size={config['batch_size']} rows of block_size={config['block_size']} do not fill "
+                      f"whole sequences of {span} tokens (--runs={config['runs']}): use a multiple of "
+                      f"{span // config['block_size']} for --batch_size")
 for name in names:
     check_config(recipe.run_keys(RUNS[name], config), 1)
     rules.check_architecture(recipe.run_keys(RUNS[name], config))
-rules.check_dataset(config)
+rules.check_dataset({**config, 'block_size': span})
 meta_vocab = rules.meta_vocab_size(config)
 vocab_size = meta_vocab or rules.DEFAULT_VOCAB_SIZE
 globals().update(config)
 # -----------------------------------------------------------------------------
 
 
-def windows(split, generator, rows):
+def windows(split, generator):
+    """batch_size * block_size tokens of `split` (and their targets) in rows of `span` tokens from random offsets."""
     data = np.memmap(os.path.join(data_dir, dataset, f'{split}.bin'), dtype=np.uint16, mode='r')
-    ix = generator.integers(len(data) - block_size, size=rows)
-    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])
-    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix])
+    ix = generator.integers(len(data) - span, size=batch_size * block_size // span)
+    x = torch.stack([torch.from_numpy(data[i:i + span].astype(np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + span].astype(np.int64)) for i in ix])
     return x, y
 
 
@@ -119,7 +128,7 @@ def windows(split, generator, rows):
 def val_loss(model, batches, ctx):
     model.eval()
     with ctx:
-        losses = [model(x, y)[1].item() for x, y in batches]
+        losses = [model(*(t.view(-1, model.config.block_size) for t in batch))[1].item() for batch in batches]
     model.train()
     return sum(losses) / len(losses)
 
@@ -162,7 +171,7 @@ def train(run, seed, val_batches):
             group['lr'] = group_lr(group, lr, keys)
             if group.get('muon'):
                 group['momentum'] = muon_momentum_at(it, keys)
-        x, y = windows('train', np.random.default_rng((seed, 0, it)), batch_size)
+        x, y = (t.view(-1, keys['block_size']) for t in windows('train', np.random.default_rng((seed, 0, it))))
         with ctx:
             _, loss = model(x, y)
         loss.backward()
@@ -184,7 +193,7 @@ def mean(values):
 results = {name: {} for name in names} # name: {seed: train()'s}
 for seed in seed_list:
     generator = np.random.default_rng((seed, 1))
-    val_batches = [windows('val', generator, batch_size) for _ in range(eval_iters)]
+    val_batches = [windows('val', generator) for _ in range(eval_iters)]
     for name in names:
         results[name][seed] = train(name, seed, val_batches)
 curves = {name: {it: mean([results[name][seed][0][it] for seed in seed_list]) for it in results[name][seed_list[0]][0]}

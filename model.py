@@ -29,6 +29,11 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+try: # FlashAttention over variable-length sequences, CUDA only (torch >= 2.10): attn_window and doc_token's kernel
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:
+    varlen_attn = None
+
 class LayerNorm(nn.Module):
     """ LayerNorm but with an optional bias. PyTorch doesn't support simply bias=False
     rms=True (GPTConfig.norm='rmsnorm'): RMSNorm, which subtracts no mean and has no bias, keeping the gain. """
@@ -63,10 +68,10 @@ class CausalSelfAttention(nn.Module):
         # value_embeds, in a layer that has a table: the weights of (values, table rows), modded-nanogpt's 0.5 / 0.5
         self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if value_embed else None
 
-    def forward(self, x, rotary=None, cache=None, offset=0, value_embed=None):
+    def forward(self, x, rotary=None, cache=None, offset=0, value_embed=None, mask=None):
         """rotary: GPT.forward's (cos, sin) with pos_emb='rope'; cache: this layer's (keys, values) buffers of a
         KVCache, the T new positions starting at `offset`; value_embed: with value_embeds, this layer's table's rows
-        for the tokens (B, T, C)."""
+        for the tokens (B, T, C); mask: GPT.attention_mask's, with attn_window or doc_token."""
         B, T, C = x.size() # batch size, sequence length, embedding dimensionality (n_embd)
         # calculate query, key, values for all heads in batch and move head forward to be the batch dim
         q, k, v  = self.c_attn(x).split(self.n_embd, dim=2)
@@ -79,21 +84,73 @@ class CausalSelfAttention(nn.Module):
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if rotary is not None: # pos_emb='rope': positions enter as rotations of q and k, GPT.forward's (cos, sin)
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        is_causal, mask = True, None
+        is_causal = mask is None
         if cache is not None: # the new positions join the cached ones, and attend to all of them
             keys, values = cache
             keys[:, :, offset:offset + T] = k
             values[:, :, offset:offset + T] = v
             k, v = keys[:, :, :offset + T], values[:, :, :offset + T]
-            if offset > 0: # is_causal would align the (T, offset + T) mask top-left: each query sees up to itself
+            if offset > 0 and mask is None: # is_causal would align the (T, offset + T) mask top-left
                 is_causal = False
                 mask = None if T == 1 else torch.ones(T, offset + T, dtype=torch.bool, device=x.device).tril(offset)
-        # causal self-attention; flash attention where the hardware has it, never a (T, T) matrix in memory there
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0, is_causal=is_causal)
+        dropout_p = self.dropout if self.training else 0
+        if isinstance(mask, tuple): # GPT.forward's documents for FlashAttention's variable-length kernel
+            y = document_attention(q, k, v, *mask)
+        elif mask is not None and mask.dim() == 5: # attn_window: a mask per block of queries
+            y = blocked_attention(q, k, v, mask, dropout_p)
+        else: # causal self-attention; flash attention where the hardware has it, never a (T, T) matrix there
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
         y = y.transpose(1, 2).contiguous().view(B, T, C) # re-assemble all head outputs side by side
         # output projection
         y = self.resid_dropout(self.c_proj(y))
         return y
+
+def local_attention_mask(q_pos, k_pos, window, q_doc=None, k_doc=None):
+    """(..., Tq, Tk) bool, True where a query may attend to a key: a key at a position from 0 up to the query's,
+    fewer than `window` back (0: any), and of the same document (with the documents' ids q_doc, k_doc)."""
+    q_pos, k_pos = q_pos[..., :, None], k_pos[..., None, :]
+    mask = (k_pos >= 0) & (k_pos <= q_pos)
+    if window:
+        mask = mask & (q_pos - k_pos < window)
+    if q_doc is not None:
+        mask = mask & (q_doc[..., :, None] == k_doc[..., None, :])
+    return mask
+
+@torch.compiler.disable # the number of documents depends on the tokens: computed eagerly, outside a compiled graph
+def document_segments(idx, doc_token):
+    """(cu_seqlens, longest): the offsets of the documents of idx (B, T) flattened, each row starting one and each
+    doc_token (if >= 0) another, and the longest one's length, as varlen_attn takes them."""
+    b, t = idx.shape
+    starts = torch.zeros(b, t, dtype=torch.bool, device=idx.device)
+    starts[:, 0] = True
+    if doc_token >= 0:
+        starts |= idx == doc_token
+    cu_seqlens = F.pad(starts.view(-1).nonzero().view(-1), (0, 1), value=b * t).to(torch.int32)
+    return cu_seqlens, int(cu_seqlens.diff().max())
+
+def document_attention(q, k, v, cu_seqlens, longest, window):
+    """Causal attention within each document, over at most `window` positions (0: all), with FlashAttention's
+    variable-length kernel: it computes only what the mask of blocked_attention keeps. q, k, v (B, nh, T, hs)."""
+    B, nh, T, hs = q.shape
+    # in autocast's dtype, as SDPA casts them (qk_norm's RMSNorm may give fp32 queries and keys)
+    q, k, v = (t.transpose(1, 2).reshape(B * T, nh, hs).to(v.dtype) for t in (q, k, v))
+    y = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, window_size=(window - 1 if window else -1, 0))
+    return y.view(B, T, nh, hs).transpose(1, 2)
+
+def blocked_attention(q, k, v, mask, dropout_p):
+    """Sliding-window attention in blocks: the queries of each block of w positions (w = attn_window) against the
+    keys of their block and of the block before, under `mask` (B, n_blocks, 1, w, 2w): memory and compute grow as
+    T * w, not T**2. q, k, v (B, nh, T, hs); T is padded to whole blocks, and one block of keys goes in front."""
+    B, nh, T, hs = q.shape
+    n, w = mask.size(1), mask.size(-2)
+    pad = n * w - T
+    q = F.pad(q, (0, 0, 0, pad)).view(B, nh, n, w, hs)
+    k, v = (F.pad(t, (0, 0, w, pad)) for t in (k, v))
+    k, v = (torch.cat((t[:, :, :-w].view(B, nh, n, w, hs), t[:, :, w:].view(B, nh, n, w, hs)), dim=3) for t in (k, v))
+    # each block a batch entry of attention's 4-D kernels: (B * n, nh, w or 2w, hs)
+    q, k, v = (t.transpose(1, 2).reshape(B * n, nh, -1, hs) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.view(B * n, 1, w, 2 * w), dropout_p=dropout_p)
+    return y.view(B, n, nh, w, hs).transpose(1, 2).reshape(B, nh, n * w, hs)[:, :, :T]
 
 def rotary_cos_sin(pos, head_size, base=10000.0):
     """The rotary embedding's (cos, sin) for positions `pos` (t,): each (t, head_size / 2), pair i of a head turning
@@ -138,11 +195,11 @@ class Block(nn.Module):
         # x0_shortcut: the weights of (input, embedding x0) in the block's input, from (1, 0): the input at first
         self.x0_lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if config.x0_shortcut else None
 
-    def forward(self, x, rotary=None, cache=None, offset=0, x0=None, value_embed=None):
-        """x0: GPT.forward's embedding, with x0_shortcut; value_embed: CausalSelfAttention.forward's."""
+    def forward(self, x, rotary=None, cache=None, offset=0, x0=None, value_embed=None, mask=None):
+        """x0: GPT.forward's embedding, with x0_shortcut; value_embed, mask: CausalSelfAttention.forward's."""
         if self.x0_lambdas is not None: # x0_shortcut: every block sees the embedding directly, not only block 0
             x = self.x0_lambdas[0] * x + self.x0_lambdas[1] * x0
-        x = x + self.attn(self.ln_1(x), rotary, cache, offset, value_embed)
+        x = x + self.attn(self.ln_1(x), rotary, cache, offset, value_embed, mask)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -159,6 +216,8 @@ class KVCache:
         shape = (batch_size, config.n_head, max_len, config.n_embd // config.n_head)
         self.layers = [(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype))
                        for _ in range(config.n_layer)]
+        # doc_token: the document of each position, for the masks of the positions that follow
+        self.docs = torch.zeros(batch_size, max_len, dtype=torch.long, device=device) if config.doc_token >= 0 else None
         self.max_len = max_len
         self.length = 0 # positions filled
 
@@ -185,6 +244,10 @@ class GPTConfig:
     value_embeds: int = 0 # k > 0: k token tables whose rows mix into attention's values in the first and last k layers
     unet_skips: bool = False # True: the first n_layer // 2 blocks' outputs are added to the mirrored blocks' inputs
     x0_shortcut: bool = False # True: each block's input is a learned mix of the residual stream and the embedding
+    # Attention over packed documents (the records' 64K-token sequences): where each position may look
+    attn_window: int = 0 # w > 0: at most the w positions up to itself (a sliding window); 0: the whole block
+    doc_token: int = -1 # >= 0: a document starts at each such token (GPT-2's <|endoftext|>, 50256) and positions
+                        # attend only within their own; -1: across documents, as GPT-2
 
 def value_embed_table(config, layer):
     """The value_embeds table that block `layer` uses, or None: in the U-net pattern, table i serves block i and its
@@ -209,6 +272,9 @@ class GPT(nn.Module):
         # nanoGPT's full-logits loss or count its memory (bench.py, estimate_memory.py).
         self.activation_checkpointing = False
         self.loss_fn = chunked_cross_entropy
+        # attn_window and doc_token through FlashAttention's variable-length kernel (document_attention): None, where
+        # it runs (CUDA, bf16 or fp16, no dropout); True also on a CPU, where estimate_memory.py traces CUDA's run
+        self.varlen_attention = None
 
         self.transformer = nn.ModuleDict(dict(
             wte = nn.Embedding(config.vocab_size, config.n_embd),
@@ -292,6 +358,7 @@ class GPT(nn.Module):
         else: # pos_emb='rope': the positions are rotations of each attention's queries and keys
             rotary = rotary_cos_sin(pos, self.config.n_embd // self.config.n_head)
             x = self.transformer.drop(tok_emb)
+        mask = self.attention_mask(idx, pos, cache)
         x0 = x if self.config.x0_shortcut else None # the embedding, which x0_shortcut mixes into every block's input
         # value_embeds: each table's rows for the tokens, looked up once for its two blocks
         tables = [table(idx) for table in self.transformer.value_embeds or ()]
@@ -308,9 +375,9 @@ class GPT(nn.Module):
             value_embed = None if table is None else tables[table]
             # non-reentrant checkpointing: works with torch.compile and DDP, and restores the RNG for dropout
             if recompute:
-                x = checkpoint(block, x, rotary, None, 0, x0, value_embed, use_reentrant=False)
+                x = checkpoint(block, x, rotary, None, 0, x0, value_embed, mask, use_reentrant=False)
             else:
-                x = block(x, rotary, layer_cache, offset, x0, value_embed)
+                x = block(x, rotary, layer_cache, offset, x0, value_embed, mask)
             if i < n_skips:
                 kept.append(x)
         x = self.transformer.ln_f(x)
@@ -327,6 +394,49 @@ class GPT(nn.Module):
         if softcap:
             logits = softcap * torch.tanh(logits / softcap)
         return logits, None
+
+    def attention_mask(self, idx, pos, cache):
+        """What attn_window and doc_token let each position see, for CausalSelfAttention, built once for all layers:
+        None (GPT-2's causal attention); document_segments' and the window, for document_attention; a bool mask
+        (B, 1, t, keys); or with attn_window and no cache, a mask per block of attn_window queries (B, n_blocks, 1,
+        w, 2w) for blocked_attention."""
+        window, doc_token = self.config.attn_window, self.config.doc_token
+        b, t = idx.size()
+        if doc_token < 0 and not (window and (0 if cache is None else cache.length) + t > window):
+            return None # nothing but causality restricts attention here
+        if cache is None and self.uses_varlen(idx):
+            return (*document_segments(idx, doc_token), window)
+        doc = None
+        if doc_token >= 0: # a document's id: how many doc_tokens up to and including the position
+            doc = (idx == doc_token).cumsum(1)
+            if cache is not None:
+                if cache.length:
+                    doc = doc + cache.docs[:, cache.length - 1:cache.length]
+                cache.docs[:, cache.length:cache.length + t] = doc
+        if cache is not None: # the new positions against every cached one
+            keys = torch.arange(cache.length + t, device=idx.device)
+            k_doc = None if doc is None else cache.docs[:, :cache.length + t]
+            return local_attention_mask(pos, keys, window, doc, k_doc).unsqueeze(1)
+        if not window:
+            return local_attention_mask(pos, pos, 0, doc, doc).unsqueeze(1)
+        n = -(-t // window) # blocks of `window` queries, the last one padded; each sees its block and the one before
+        q_pos = torch.arange(n * window, device=idx.device).view(n, window)
+        k_pos = torch.arange(-window, (n + 1) * window, device=idx.device).unfold(0, 2 * window, window)[:n]
+        q_doc = k_doc = None
+        if doc is not None: # padding positions get document -1, which no real position has
+            padded = F.pad(doc, (window, n * window - t + window), value=-1)
+            q_doc = padded[:, window:(n + 1) * window].view(b, n, window)
+            k_doc = padded.unfold(1, 2 * window, window)[:, :n]
+        mask = local_attention_mask(q_pos, k_pos, window, q_doc, k_doc)
+        return mask.expand(b, n, window, 2 * window).unsqueeze(2).contiguous()
+
+    def uses_varlen(self, idx):
+        """Whether attention runs document_attention: FlashAttention's kernel needs CUDA, bf16 or fp16, no dropout."""
+        on_cuda = idx.is_cuda if self.varlen_attention is None else self.varlen_attention
+        device = idx.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.lm_head.weight.dtype
+        dropout = self.training and self.config.dropout > 0
+        return varlen_attn is not None and on_cuda and dtype in (torch.bfloat16, torch.float16) and not dropout
 
     def crop_block_size(self, block_size):
         # model surgery to decrease the block size if necessary

@@ -103,6 +103,8 @@ logit_softcap = 0.0 # > 0: logits capped to logit_softcap * tanh(logits / logit_
 value_embeds = 0 # k > 0: k value-embedding tables, each shared by a block of the first k and its mirror in the last k
 unet_skips = False # add the first n_layer // 2 blocks' outputs to the mirrored later blocks' inputs, learned weights
 x0_shortcut = False # mix the embedding into every block's input, learned weights
+attn_window = 0 # > 0: each position attends to at most this many positions up to itself (sliding window); 0 = all
+doc_token = -1 # >= 0: a document starts at each of these tokens (GPT-2's <|endoftext|>: 50256); attention stays in one
 activation_checkpointing = False # recompute each block in backward: much less activation memory, one more forward
 autocast_cache = False # keep autocast's low-precision copy of every weight through each forward (torch's default)
 auto_batch_size = False # on CUDA, estimate_memory.py picks batch_size and gradient_accumulation_steps for the card

@@ -70,10 +70,11 @@ def train_steps(model, optimizers, steps, first=0, scaler=None):
     return losses
 
 
-# every modern architecture option of GPTConfig (model.py) on, as train.py keys
+# every modern architecture option of GPTConfig (model.py) on, as train.py keys; the window is shorter than
+# TINY_ARGS' block_size (attention in blocks), and token 0 (a character dataset's newline) starts each document
 MODERN_ARCH_ARGS = ['--pos_emb=rope', '--norm=rmsnorm', '--qk_norm=True', '--mlp=relu2', '--tie_weights=False',
                     '--zero_init_proj=True', '--logit_softcap=15.0', '--value_embeds=1', '--unet_skips=True',
-                    '--x0_shortcut=True']
+                    '--x0_shortcut=True', '--attn_window=8', '--doc_token=0']
 # and the optimizer and schedule of the recipe: Muon, its momentum warmup, per-group learning rates, wsd
 MODERN_RECIPE_ARGS = [*MODERN_ARCH_ARGS, '--optim=muon', '--muon_momentum_warmup_iters=4', '--lr_schedule=wsd',
                       '--embedding_learning_rate=0.05', '--head_learning_rate=0.004']

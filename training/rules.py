@@ -101,6 +101,9 @@ def check_architecture(config):
     if config['value_embeds'] < 0:
         raise ConfigError(f"value_embeds is a number of tables, 0 (off) or more, got {config['value_embeds']}: e.g. "
                           f"--value_embeds=3")
+    if config['attn_window'] < 0:
+        raise ConfigError(f"attn_window is a number of positions, 0 (the whole block) or more, got "
+                          f"{config['attn_window']}: e.g. --attn_window=1024")
     if config['init_from'] != 'scratch':
         return  # the rest are of the shape a new model is built with; a resumed one keeps its checkpoint's
     head_size = config['n_embd'] // config['n_head']
@@ -191,6 +194,10 @@ def model_args(config, meta_vocab, resumed_model_args=None):
     if config['hellaswag'] and args['vocab_size'] < GPT2_VOCAB_SIZE:
         raise ConfigError(f"hellaswag=True scores GPT-2 tokens, but the model's vocab_size is {args['vocab_size']}: "
                           f"train on a GPT-2 BPE dataset, or --hellaswag=False")
+    if not -1 <= args.get('doc_token', -1) < args['vocab_size']:
+        raise ConfigError(f"doc_token={args['doc_token']} is not a token of the model's vocabulary (0 to "
+                          f"{args['vocab_size'] - 1}): use the token that starts each document (GPT-2's "
+                          f"<|endoftext|> is 50256), or -1 for none")
     if meta_vocab is not None and meta_vocab > args['vocab_size']:
         raise ConfigError(f"{os.path.join(dataset_path(config), 'meta.pkl')} has vocab_size {meta_vocab} but the "
                           f"model's is {args['vocab_size']}: its tokens would index past the embedding; use the "

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from helpers import run_script
+from helpers import run_script, write_char_dataset
 
 
 def test_bench_optim_compares_optimizers_weight_precisions_and_the_autocast_cache(data_dir):
@@ -51,3 +51,20 @@ def test_bench_optim_summarizes_the_runs_over_seeds(data_dir, tmp_path):
     assert 'step reaching baseline\'s final' in result.stdout
     result = run_script('bench_optim.py', *args, '--runs=baseline,recipe-nothing')
     assert result.returncode == 2 and "unknown run 'recipe-nothing'" in result.stderr
+
+
+def test_bench_optim_runs_the_packed_layout_on_the_same_tokens(tmp_path):
+    """recipe+packed reads rows of 4 blocks, the other runs the same rows split into blocks; a batch that does not fill
+    whole rows is one line. The dataset's meta.pkl claims GPT-2's vocabulary, so <|endoftext|> is a token."""
+    write_char_dataset(tmp_path, 'tiny_bpe', vocab_size=50304)
+    args = [f'--data_dir={tmp_path}', '--dataset=tiny_bpe', '--n_layer=2', '--n_head=2', '--n_embd=32',
+            '--block_size=16', '--max_iters=2', '--eval_interval=1', '--eval_iters=2', '--lr_decay_iters=2',
+            '--warmup_iters=1', '--runs=recipe,recipe+documents,recipe+packed']
+    out = tmp_path / 'bench.json'
+    result = run_script('bench_optim.py', *args, '--batch_size=8', f'--json_path={out}')
+    assert result.returncode == 0, result.stderr
+    curves = json.loads(out.read_text())['curves']
+    # no document starts in this data: attending within documents changes nothing; packing does
+    assert curves['recipe+documents'] == curves['recipe'] and curves['recipe+packed'] != curves['recipe']
+    result = run_script('bench_optim.py', *args, '--batch_size=6')
+    assert result.returncode == 2 and 'use a multiple of 4 for --batch_size' in result.stderr

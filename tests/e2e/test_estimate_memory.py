@@ -39,13 +39,15 @@ FIDELITY_CASES = {
                                           'autocast_cache': True},
     'bf16 weights': {'dtype': 'bfloat16', 'weight_dtype': 'bfloat16', 'gradient_accumulation_steps': 2},
     # rotary, RMSNorm, QK-norm, ReLU^2, an untied head and the soft-capped loss's second chunk buffer; the value
-    # embeddings' table and rows (kept for both blocks that use them), the kept U-net outputs, the embedding x0
+    # embeddings' table and rows (kept for both blocks that use them), the kept U-net outputs, the embedding x0; the
+    # attention mask of windowed documents (one for all blocks) and the blocks' padded keys and values
     'modern architecture, muon, checkpointing': {'pos_emb': 'rope', 'norm': 'rmsnorm', 'qk_norm': True, 'mlp': 'relu2',
                                                  'tie_weights': False, 'zero_init_proj': True, 'logit_softcap': 15.0,
                                                  'value_embeds': 1, 'unet_skips': True, 'x0_shortcut': True,
+                                                 'attn_window': 16, 'doc_token': 0,
                                                  'optim': 'muon', 'activation_checkpointing': True},
-    'value embeddings, U-net skips and x0 in bf16': {'value_embeds': 1, 'unet_skips': True, 'x0_shortcut': True,
-                                                     'dtype': 'bfloat16'},
+    'later records in bf16': {'value_embeds': 1, 'unet_skips': True, 'x0_shortcut': True, 'attn_window': 16,
+                              'doc_token': 0, 'pos_emb': 'rope', 'dtype': 'bfloat16'},
     'bf16 weights, 8-bit moments, step in backward': {'dtype': 'bfloat16', 'weight_dtype': 'bfloat16',
                                                       'optim': 'adamw_8bit', 'optimizer_in_backward': True,
                                                       'grad_clip': 0.0},

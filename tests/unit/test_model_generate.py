@@ -12,11 +12,12 @@ from model import KVCache
 BLOCK_SIZE = 16
 
 
-# the modern architecture's options that change what attention sees: rotary positions from the cache's offset
-# and those that add the tokens' own rows and earlier blocks' outputs to the new positions' (value_embeds, unet_skips,
-# x0_shortcut), which the cache must not change
+# the modern architecture's options that change what attention sees: rotary positions from the cache's offset,
+# a window and documents that the cached positions' masks must keep (token 3 starts a document: the prompts and
+# samples hold several), and those that add the tokens' own rows and earlier blocks' outputs to the new positions'
+# (value_embeds, unet_skips, x0_shortcut), which the cache must not change
 MODERN = dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2', tie_weights=False, logit_softcap=15.0,
-              value_embeds=1, unet_skips=True, x0_shortcut=True)
+              value_embeds=1, unet_skips=True, x0_shortcut=True, attn_window=6, doc_token=3)
 
 
 def large_weights_gpt(**options):

@@ -1,5 +1,5 @@
 """model.py's modern architecture options (GPTConfig: pos_emb, norm, qk_norm, mlp, tie_weights, zero_init_proj,
-logit_softcap, value_embeds, unet_skips, x0_shortcut): the default path against the implementation before them, bit
+logit_softcap, value_embeds, unet_skips, x0_shortcut, attn_window, doc_token): the default path against the implementation before them, bit
 for bit; each option where it acts; logit soft-capping in the chunked loss against a naive full-logits reference,
 forward and backward."""
 import importlib.util
@@ -11,13 +11,16 @@ import torch.nn.functional as F
 
 import model as model_lib
 from helpers import ROOT, softcap_inputs
-from model import GPT, GPTConfig, LayerNorm, apply_rotary, chunked_cross_entropy, rotary_cos_sin, value_embed_table
+from model import (GPT, GPTConfig, LayerNorm, apply_rotary, chunked_cross_entropy, local_attention_mask,
+                   rotary_cos_sin, value_embed_table)
 
 
 # modded-nanogpt's later records: value embeddings, U-net skip connections, the embedding shortcut
 LATER = dict(value_embeds=1, unet_skips=True, x0_shortcut=True)
+# attention over packed documents: a window shorter than block_size (blocked_attention's path), documents at token 3
+PACKED = dict(attn_window=6, doc_token=3)
 MODERN = dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2', tie_weights=False, zero_init_proj=False,
-              logit_softcap=3.0, **LATER)
+              logit_softcap=3.0, **LATER, **PACKED)
 SHAPE = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=50)
 
 
@@ -302,3 +305,103 @@ def test_x0_shortcut_starts_as_the_plain_model_and_learns_to_mix_the_embedding_i
     torch.testing.assert_close(out1, plain.transformer.h[1](0.5 * in1 + 2.0 * embedding))
     torch.testing.assert_close(in0, embedding)
 
+
+
+def tokens_with_documents(shape, seed, doc_token=3, every=5):
+    """Random tokens of a 50-token vocabulary without doc_token, then doc_token at every `every`-th position from 2."""
+    x = torch.randint(4, 50, shape, generator=torch.Generator().manual_seed(seed))
+    x[..., 2::every] = doc_token
+    return x
+
+
+@pytest.mark.parametrize('t, window, doc_token', [(16, 6, 3), (16, 4, -1), (13, 5, 3), (16, 0, 3), (16, 16, -1)],
+                         ids=['window and documents', 'window', 'window, padded block', 'documents', 'whole block'])
+def test_attention_in_blocks_is_attention_under_the_dense_mask(t, window, doc_token):
+    """attn_window's blocked_attention (each block of queries against two blocks of keys) and doc_token's mask give the
+    loss and gradients of attention under the whole (t, t) mask of what each position may see."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHAPE, pos_emb='rope', attn_window=window, doc_token=doc_token)).double()
+    x, y = tokens_with_documents((3, t), 1), torch.randint(0, 50, (3, t), generator=torch.Generator().manual_seed(2))
+    pos = torch.arange(t)
+    docs = (x == doc_token).cumsum(1) if doc_token >= 0 else torch.zeros_like(x)
+    dense = local_attention_mask(pos, pos, window, docs, docs).unsqueeze(1)
+    results = []
+    for mask in (None, dense):
+        if mask is not None:
+            model.attention_mask = lambda idx, pos, cache: mask
+        model.zero_grad()
+        _, loss = model(x, y)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for got, want in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_position_sees_only_its_window_of_its_own_document():
+    """One block: the loss at position i changes with the token at j exactly when j is one of the attn_window=4
+    positions up to i and no doc_token starts a document in (j, i]."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**SHAPE, 'n_layer': 1}, pos_emb='rope', attn_window=4, doc_token=3)).double().eval()
+    x, y = tokens_with_documents((1, 16), 1, every=7), torch.randint(0, 50, (1, 16))  # documents start at 2 and 9
+    document = (x[0] == 3).cumsum(0).tolist()
+    with torch.no_grad():
+        base = model(x, y, reduction='none')[1][0]
+        for j in [j for j in range(16) if x[0, j] != 3]:  # replacing a doc_token would move a document's start
+            changed = x.clone()
+            changed[0, j] = 4 if x[0, j] != 4 else 5
+            moved = (model(changed, y, reduction='none')[1][0] - base).abs() > 1e-12
+            assert moved.tolist() == [0 <= i - j < 4 and document[i] == document[j] for i in range(16)], j
+
+
+def varlen_attn_on_a_cpu(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, window_size):
+    """torch.nn.attention.varlen.varlen_attn as documented (CUDA only): causal attention within each segment of the
+    (total, nh, hs) tensors, over keys at most window_size[0] positions back (-1: any)."""
+    assert torch.equal(cu_seq_q, cu_seq_k) and cu_seq_q.dtype == torch.int32 and window_size[1] == 0
+    out = torch.empty_like(q)
+    for start, end in zip(cu_seq_q[:-1].tolist(), cu_seq_q[1:].tolist()):
+        assert 0 < end - start <= max_q == max_k
+        i = torch.arange(end - start)
+        back = i[:, None] - i[None, :]
+        mask = (back >= 0) & ((back <= window_size[0]) if window_size[0] >= 0 else True)
+        q_, k_, v_ = (t[start:end].transpose(0, 1) for t in (q, k, v))
+        out[start:end] = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask).transpose(0, 1)
+    return out
+
+
+@pytest.mark.parametrize('window, doc_token', [(6, 3), (0, 3), (4, -1)])
+def test_document_attention_passes_flash_attentions_kernel_the_documents_and_window(monkeypatch, window, doc_token):
+    """On CUDA attention runs varlen_attn over document_segments' segments; on a CPU, with the kernel as documented,
+    that gives blocked_attention's loss and gradients (the mask of what each position may see)."""
+    monkeypatch.setattr(model_lib, 'varlen_attn', varlen_attn_on_a_cpu)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHAPE, pos_emb='rope', qk_norm=True, attn_window=window, doc_token=doc_token)).double()
+    x, y = tokens_with_documents((3, 16), 1), torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(2))
+    results = []
+    for varlen in (False, True):
+        monkeypatch.setattr(GPT, 'uses_varlen', lambda self, idx: varlen)
+        model.zero_grad()
+        _, loss = model(x, y)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for got, want in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(got, want)
+
+
+def test_flash_attentions_kernel_runs_where_it_can():
+    """CUDA (or varlen_attention=True, as the estimator traces), bf16 or fp16 by autocast or weights, no dropout."""
+    if model_lib.varlen_attn is None:
+        pytest.skip('torch.nn.attention.varlen needs torch 2.10 or later')
+    model = GPT(GPTConfig(**SHAPE, attn_window=6, dropout=0.1))
+    idx = torch.zeros(1, 16, dtype=torch.long)
+    model.eval()
+    assert not model.uses_varlen(idx)  # a CPU tensor
+    model.varlen_attention = True
+    assert not model.uses_varlen(idx)  # fp32
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert model.uses_varlen(idx)
+        model.train()
+        assert not model.uses_varlen(idx)  # dropout, which the kernel does not apply
+    model.eval().to(torch.float16)
+    assert model.uses_varlen(idx)

@@ -4,11 +4,13 @@ tensors don't show. The core of estimate_memory.py and of train.py's auto_batch_
 """
 import contextlib
 import io
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
+import model as model_module
 from model import GPT, GPTConfig, naive_cross_entropy
 from training import optim, rules
 from training.checkpoint import load_checkpoint
@@ -109,6 +111,13 @@ def build(config, activation_checkpointing, mesh=None, device_type='cuda'):
 
 
 
+def rows_as_documents(idx, doc_token):
+    """model.document_segments for a trace: one document a row (the trace's tokens are random, its tensors fake: the
+    kernel keeps the same tensors for any number of documents)."""
+    b, t = idx.shape
+    return torch.arange(0, b * t + 1, t, dtype=torch.int32, device=idx.device), t
+
+
 def autocast(device_type, config):
     """train.py's autocast context for config's dtype and autocast_cache."""
     if config['dtype'] == 'float32':
@@ -206,8 +215,13 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
              f"{'on' if activation_checkpointing else 'off'}, {config['optim']}"
              f"{', step in backward' if config['optimizer_in_backward'] else ''}")
     tracer = MemoryTracer(alignment)
-    with sharded_rank(config) as mesh, FakeTensorMode(), tracer, optim.representative_chunks_only():
+    with (sharded_rank(config) as mesh, FakeTensorMode(), tracer, optim.representative_chunks_only(),
+          mock.patch.object(model_module, 'document_segments', rows_as_documents)):
         model, optimizer = build(config, activation_checkpointing, mesh, device_type)
+        # attn_window and doc_token run in FlashAttention's kernel on CUDA (GPT.uses_varlen), which a fake tensor on
+        # the CPU traces: its kept tensors, not the masked blocks a CPU computes
+        model.varlen_attention = device_type == 'cuda'
+
         model.loss_fn = tracer.traced_loss(naive_cross_entropy if loss == 'naive' else model.loss_fn)
         tracer.watch(model, local_optimizer(optimizer))
         for block in model.transformer.h:

@@ -66,8 +66,9 @@ def test_architecture_keys_gpt2_lacks_are_one_line(tmp_path, monkeypatch):
     assert str(e.value) == ('ckpt.pt cannot be exported as a GPT2LMHeadModel: it has no counterpart for '
                             'rotary=True, qk_norm=True')
     # modded-nanogpt's later records' options: tables and weights a GPT2LMHeadModel has no place for; off, GPT-2
-    later = {'value_embeds': 3, 'unet_skips': True, 'x0_shortcut': True}
-    with pytest.raises(ConfigError, match='no counterpart for value_embeds=3, unet_skips=True, x0_shortcut=True$'):
+    later = {'value_embeds': 3, 'unet_skips': True, 'x0_shortcut': True, 'attn_window': 1024}
+    with pytest.raises(ConfigError, match='no counterpart for value_embeds=3, unet_skips=True, x0_shortcut=True, '
+                                          'attn_window=1024$'):
         hf.check_exportable({'model_args': {**ARGS, **later}}, 'ckpt.pt')
     hf.check_exportable({'model_args': {**ARGS, **dict.fromkeys(later, 0)}}, 'ckpt.pt')
     # a GPTConfig field GPT-2 cannot express exports at its default and is refused at any other value

@@ -18,7 +18,8 @@ def test_each_ablation_changes_only_its_component_back():
     full = recipe.run_keys(recipe.RUNS['recipe'], CONFIG)
     assert full['optim'] == 'muon' and full['lr_schedule'] == 'wsd' and full['muon_momentum_warmup_iters'] == 50
     dropped = {k for change in recipe.DROPPED.values() for k in change}
-    assert all(full[k] != v for k, v in MODERN_DEFAULTS.items() if k not in dropped)  # every kept option is on
+    layout = {'attn_window', 'doc_token'}  # recipe.LAYOUTS' runs: how the tokens are laid out, compared on their own
+    assert all(full[k] != v for k, v in MODERN_DEFAULTS.items() if k not in dropped | layout)  # every kept option is on
     for component, change in recipe.ABLATIONS.items():
         keys = recipe.run_keys(recipe.RUNS[f'recipe-{component}'], CONFIG)
         differ = {k for k in full if keys[k] != full[k]}
@@ -42,3 +43,13 @@ def test_a_dropped_component_is_the_recipe_with_it_back():
         keys = recipe.run_keys(recipe.RUNS[f'recipe+{component}'], CONFIG)
         assert {k for k in full if keys[k] != full[k]} == set(change)
         assert all(full[k] == MODERN_DEFAULTS[k] != keys[k] for k in change)  # the recipe has GPT-2's choice
+
+
+def test_the_packed_layout_keeps_a_steps_tokens_and_windows_attention_at_the_block():
+    config = {**CONFIG, 'block_size': 64, 'batch_size': 16}
+    full = recipe.run_keys(recipe.RUNS['recipe'], config)
+    documents = recipe.run_keys(recipe.RUNS['recipe+documents'], config)
+    assert {k for k in documents if documents[k] != full[k]} == {'doc_token'} and documents['doc_token'] == 50256
+    packed = recipe.run_keys(recipe.RUNS['recipe+packed'], config)
+    assert {k for k in packed if packed[k] != full[k]} == {'doc_token', 'block_size', 'batch_size', 'attn_window'}
+    assert (packed['block_size'], packed['batch_size'], packed['attn_window']) == (4 * 64, 16 // 4, 64)

@@ -89,6 +89,10 @@ def test_model_args_refuse_what_does_not_fit(config):
     with pytest.raises(ConfigError, match="hellaswag=True scores GPT-2 tokens, but the model's vocab_size is 40"):
         rules.model_args({**config, 'hellaswag': True}, 40)
     assert rules.model_args({**config, 'hellaswag': True}, None)[0]['vocab_size'] == rules.DEFAULT_VOCAB_SIZE
+    # GPT-2's <|endoftext|> on the 40-token dataset: no position would ever start a document
+    with pytest.raises(ConfigError, match=r"doc_token=50256 is not a token of the model's vocabulary \(0 to 39\)"):
+        rules.model_args({**config, 'doc_token': 50256}, 40)
+    assert rules.model_args({**config, 'doc_token': 50256}, None)[0]['doc_token'] == 50256
 
 
 def test_model_args_of_a_gpt2_architecture_are_nanogpts_and_modern_keys_are_recorded(config):
@@ -118,6 +122,7 @@ def test_model_args_of_a_gpt2_architecture_are_nanogpts_and_modern_keys_are_reco
     ({'value_embeds': 2}, 'more than n_layer=2 blocks: use --value_embeds=1 or less'),
     ({'unet_skips': True, 'n_layer': 1}, 'n_layer=1 has no pair: use --n_layer=2 or more, or --unet_skips=False'),
     ({'init_from': 'gpt2', 'x0_shortcut': True}, "which x0_shortcut=True changes: drop --x0_shortcut"),
+    ({'attn_window': -1}, 'attn_window is a number of positions, 0 (the whole block) or more, got -1'),
     ({'embedding_learning_rate': 0.3}, "embedding_learning_rate=0.3 sets a parameter group of optim='muon'"),
     ({'optim': 'muon', 'muon_momentum_warmup_iters': -1}, 'muon_momentum_warmup_iters must be 0 or more'),
     ({'lr_schedule': 'linear'}, "unknown lr_schedule 'linear': use 'cosine' or 'wsd'"),

@@ -86,6 +86,18 @@ def test_activation_checkpointing_lowers_the_traced_activations(tiny):
     assert checkpointed['peak_bytes'] < plain['peak_bytes']
 
 
+def test_windowed_documents_trace_cudas_flash_kernel_not_the_cpus_masked_blocks(tiny):
+    """On CUDA in bf16, attn_window and doc_token run FlashAttention's variable-length kernel, which keeps what causal
+    attention keeps, give or take a layout copy; a CPU computes the windows in blocks, its padded keys and values and
+    masks kept as well."""
+    packed = {**tiny, 'dtype': 'bfloat16', 'pos_emb': 'rope', 'block_size': 64, 'attn_window': 16, 'doc_token': 0}
+    cuda, cpu = (em.trace(packed, evaluate=False, warm_start=True, device_type=device)['train']['breakdown']
+                 for device in ('cuda', 'cpu'))
+    plain = em.trace({**packed, 'attn_window': 0, 'doc_token': -1}, evaluate=False, warm_start=True)['train']
+    assert cuda['activations'] == pytest.approx(plain['breakdown']['activations'], rel=0.05)
+    assert cuda['activations'] < cpu['activations']
+
+
 def test_resume_takes_the_model_from_the_checkpoint(tiny, tmp_path):
     model_args = dict(n_layer=3, n_head=2, n_embd=32, block_size=16, bias=False, vocab_size=100, dropout=0.0)
     save_checkpoint({'model': {}, 'model_args': model_args}, str(tmp_path / 'out'))
