@@ -14,11 +14,11 @@ $ python bench_optim.py --runs=adamw,autocast_cache --dtype=bfloat16 --activatio
 The modern recipe against nanoGPT's (docs/recipe.md): 'baseline' is nanoGPT's GPT-2 architecture, AdamW and cosine
 schedule; 'recipe' is RECIPE (modern architecture, Muon, warmup-stable-decay); 'recipe-X' is the recipe without its
 component X (recipe.ABLATIONS), 'recipe+X' with the component X it left out (recipe.DROPPED); --runs=ablation runs
-all of them; 'recipe+documents' and 'recipe+packed' (recipe.LAYOUTS, GPT-2 BPE datasets) attend within documents, the
-second over sequences 4 blocks long windowed at block_size, on the same tokens a step and the same validation tokens
-(every run reads windows of 4 blocks, split into its own sequences). With several --seeds (each its own initial weights, batches and validation windows) the curves are means
-over the seeds, and the summary gives each run's final val loss and the step at which it first reaches the first
-run's final val loss, seed by seed.
+all of them. 'recipe+documents' and 'recipe+packed' (recipe.LAYOUTS, GPT-2 BPE datasets) attend within documents,
+the second over sequences 4 blocks long windowed at block_size: the same tokens a step and the same validation
+tokens, as every run then reads rows of 4 blocks and splits them into its own sequences. With several --seeds (each
+its own initial weights, batches and validation windows) the curves are means over the seeds, and the summary gives
+each run's final val loss and the step at which it first reaches the first run's final val loss, seed by seed.
 $ python bench_optim.py --dataset=shakespeare_char --runs=ablation --seeds=1,2
 
 Keys are overridden as in train.py: config files, then --key=value (python bench_optim.py --help lists them).

@@ -29,10 +29,12 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-try: # FlashAttention over variable-length sequences, CUDA only (torch >= 2.10): attn_window and doc_token's kernel
+try: # FlashAttention over variable-length sequences, CUDA only: attn_window and doc_token's kernel
     from torch.nn.attention.varlen import varlen_attn
 except ImportError:
     varlen_attn = None
+if varlen_attn is not None and 'window_size' not in inspect.signature(varlen_attn).parameters:
+    varlen_attn = None # an earlier torch's, without a sliding window
 
 class LayerNorm(nn.Module):
     """ LayerNorm but with an optional bias. PyTorch doesn't support simply bias=False
@@ -431,8 +433,11 @@ class GPT(nn.Module):
         return mask.expand(b, n, window, 2 * window).unsqueeze(2).contiguous()
 
     def uses_varlen(self, idx):
-        """Whether attention runs document_attention: FlashAttention's kernel needs CUDA, bf16 or fp16, no dropout."""
-        on_cuda = idx.is_cuda if self.varlen_attention is None else self.varlen_attention
+        """Whether attention runs document_attention: FlashAttention's kernel needs an Ampere or later GPU, bf16 or
+        fp16, no dropout."""
+        on_cuda = self.varlen_attention
+        if on_cuda is None:
+            on_cuda = idx.is_cuda and torch.cuda.get_device_capability(idx.device) >= (8, 0)
         device = idx.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.lm_head.weight.dtype
         dropout = self.training and self.config.dropout > 0
@@ -531,7 +536,8 @@ class GPT(nn.Module):
         N = self.get_num_params()
         cfg = self.config
         L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd//cfg.n_head, cfg.block_size
-        flops_per_token = 6*N + 12*L*H*Q*T
+        span = min(cfg.attn_window or T, T) # the positions each one attends to (attn_window: its window)
+        flops_per_token = 6*N + 12*L*H*Q*span
         flops_per_fwdbwd = flops_per_token * T
         flops_per_iter = flops_per_fwdbwd * fwdbwd_per_iter
         # express our flops throughput as ratio of the peak flops

@@ -1,8 +1,8 @@
 # GPT-2 (124M) from scratch with the modern recipe (docs/recipe.md) on one 8 GB card (e.g. RTX 4060 Ti 8GB, RTX 3070):
-# config/speedrun_gpt2_12gb.py's run, 524,288 tokens a step, in micro-batches of 4 instead of 8 (the activations
-# halve; the weights, gradients and optimizer state stay). The same token budget, to FineWeb's 3.28 validation loss.
+# config/speedrun_gpt2_12gb.py's run, 524,288 tokens a step, in sequences of 4,096 tokens instead of 8,192 (the
+# activations halve; the weights, gradients and optimizer state stay). The same budget, to FineWeb's 3.28 val loss.
 # $ python prepare/openwebtext.py --dataset HuggingFaceFW/fineweb --name sample-10BT \
-#       --max_tokens 3_000_000_000 --out_dir data/fineweb
+#       --max_tokens 1_500_000_000 --out_dir data/fineweb
 # $ python estimate_memory.py config/speedrun_gpt2_8gb.py --gpu_memory_gb=8
 # $ python train.py config/speedrun_gpt2_8gb.py
 # How long it takes per card: docs/recipe.md's projection; on yours, measure it with
@@ -25,12 +25,17 @@ logit_softcap = 15.0
 value_embeds = 1 # a later record's value embeddings, one table (blocks 0 and 11): 38.6M embedding parameters
 unet_skips = True # U-net skips: blocks 0-5's outputs added to blocks 11-6's inputs, a learned weight each
 
-# ~0.5M tokens per optimizer step, as modded-nanogpt's record and llm.c: 4 * 1024 * 128 = 524,288 tokens
-batch_size = 4
-block_size = 1024
+# the records' layout: documents packed into 4,096-token sequences (modded-nanogpt's: 65,536), each position attending
+# to at most the 1,024 positions up to itself in its own document (<|endoftext|>, 50256, starts one); on CUDA
+# FlashAttention's variable-length kernel computes only those
+block_size = 4096
+attn_window = 1024
+doc_token = 50256
+# ~0.5M tokens per optimizer step, as modded-nanogpt's record and llm.c: 4096 * 128 = 524,288 tokens
+batch_size = 1
 gradient_accumulation_steps = 128
-max_iters = 5100
-lr_decay_iters = 5100
+max_iters = 1875
+lr_decay_iters = 1875
 
 # the recipe's optimizer and schedule (training/recipe.py): Muon for the blocks' matrices at 0.02, its momentum
 # warmed up from 0.85 over 300 steps as nanochat; AdamW (learning_rate) for the rest; warmup-stable-decay
@@ -47,12 +52,12 @@ warmup_iters = 100
 min_lr = 6e-5
 weight_decay = 1e-1
 
-# every 500 steps (~0.26B tokens): val loss on 50 * 16 windows of held-out FineWeb, and HellaSwag's 10,042 examples
+# every 250 steps (~0.13B tokens): val loss on 50 * 16,384 tokens of held-out FineWeb, and HellaSwag's 10,042 examples
 # (downloaded once to data/hellaswag/); OpenAI's GPT-2 124M scores acc_norm 0.2955 there (README: HellaSwag)
-eval_interval = 500
+eval_interval = 250
 eval_iters = 50
-eval_batch_size = 16
+eval_batch_size = 4
 hellaswag = True
 log_interval = 10
 
-compile = True  # needs Triton (not on native Windows): compile = False there, batch 4 fits in eager mode too
+compile = True  # needs Triton (not on native Windows): compile = False there, it fits in eager mode too

@@ -84,7 +84,8 @@ def test_train_resumes_exactly_and_refuses_another_optim(data_dir, tmp_path):
 
 
 def test_train_under_compile_as_eager(data_dir, tmp_path):
-    args = ['--max_iters=4', '--eval_interval=4']
+    """Muon, and attention in blocks of a window within documents (token 0, the newline, starts one)."""
+    args = ['--max_iters=4', '--eval_interval=4', '--pos_emb=rope', '--attn_window=8', '--doc_token=0']
     eager = train(data_dir, tmp_path / 'eager', '--optim=muon', *args)
     compiled = train(data_dir, tmp_path / 'compiled', '--optim=muon', *args, '--compile=True')
     assert eager.returncode == 0 and compiled.returncode == 0, compiled.stderr

@@ -1,6 +1,6 @@
 """model.py's modern architecture options (GPTConfig: pos_emb, norm, qk_norm, mlp, tie_weights, zero_init_proj,
-logit_softcap, value_embeds, unet_skips, x0_shortcut, attn_window, doc_token): the default path against the implementation before them, bit
-for bit; each option where it acts; logit soft-capping in the chunked loss against a naive full-logits reference,
+logit_softcap, value_embeds, unet_skips, x0_shortcut, attn_window, doc_token): the default path against the
+implementation before them, bit for bit; each option where it acts; logit soft-capping in the chunked loss against a naive full-logits reference,
 forward and backward."""
 import importlib.util
 import math
@@ -392,7 +392,7 @@ def test_document_attention_passes_flash_attentions_kernel_the_documents_and_win
 def test_flash_attentions_kernel_runs_where_it_can():
     """CUDA (or varlen_attention=True, as the estimator traces), bf16 or fp16 by autocast or weights, no dropout."""
     if model_lib.varlen_attn is None:
-        pytest.skip('torch.nn.attention.varlen needs torch 2.10 or later')
+        pytest.skip("torch.nn.attention.varlen's varlen_attn with window_size: torch 2.12 has it")
     model = GPT(GPTConfig(**SHAPE, attn_window=6, dropout=0.1))
     idx = torch.zeros(1, 16, dtype=torch.long)
     model.eval()
@@ -405,3 +405,12 @@ def test_flash_attentions_kernel_runs_where_it_can():
         assert not model.uses_varlen(idx)  # dropout, which the kernel does not apply
     model.eval().to(torch.float16)
     assert model.uses_varlen(idx)
+
+
+def test_mfu_counts_attention_over_the_window():
+    """A position attends to attn_window positions, whatever block_size: 4 windows of 64 tokens and one sequence of 256
+    windowed at 64 are the same FLOPs; without the window, the 256-token sequence's attention costs more."""
+    shape = dict(n_layer=2, n_head=2, n_embd=16, vocab_size=50, pos_emb='rope')
+    short, packed, dense = (GPT(GPTConfig(**shape, block_size=block, attn_window=window))
+                            for block, window in [(64, 0), (256, 64), (256, 0)])
+    assert short.estimate_mfu(4, 1.0) == packed.estimate_mfu(1, 1.0) < dense.estimate_mfu(1, 1.0)
