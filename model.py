@@ -10,8 +10,8 @@ evaluation.
 
 GPTConfig also holds the modern options of modded-nanogpt's speedrun (rotary embeddings, RMSNorm, QK-norm, ReLU^2,
 an untied head, zero-initialized projections, logit soft-capping, and its later records' value embeddings, U-net skip
-connections and embedding shortcut), each acting where its code is. Their defaults are
-GPT-2's: left alone, the model is the GPT-2 described above.
+connections, embedding shortcut and attention within each document over a sliding window), each acting where its code
+is. Their defaults are GPT-2's: left alone, the model is the GPT-2 described above.
 
 References:
 1) the official GPT-2 TensorFlow implementation released by OpenAI:
@@ -418,9 +418,9 @@ class GPT(nn.Module):
         if cache is not None: # the new positions against every cached one
             keys = torch.arange(cache.length + t, device=idx.device)
             k_doc = None if doc is None else cache.docs[:, :cache.length + t]
-            return local_attention_mask(pos, keys, window, doc, k_doc).unsqueeze(1)
+            return local_attention_mask(pos, keys, window, doc, k_doc).unsqueeze(-3) # (B or 1, 1, t, keys)
         if not window:
-            return local_attention_mask(pos, pos, 0, doc, doc).unsqueeze(1)
+            return local_attention_mask(pos, pos, 0, doc, doc).unsqueeze(-3)
         n = -(-t // window) # blocks of `window` queries, the last one padded; each sees its block and the one before
         q_pos = torch.arange(n * window, device=idx.device).view(n, window)
         k_pos = torch.arange(-window, (n + 1) * window, device=idx.device).unfold(0, 2 * window, window)[:n]
