@@ -1,16 +1,9 @@
 """export_hf.py in a subprocess: a character model's tokenizer is its dataset's, one without its meta.pkl is
 refused before writing, and train.py finetunes from the export."""
 
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from helpers import TINY_ARGS, assert_same_model, run_script, trained_like_gpt, write_char_dataset, write_checkpoint
 from training.checkpoint import load_model
 from training.meta import load_meta
-
-
-
-
-
 
 
 def test_character_tokenizer_is_the_datasets(tmp_path):
@@ -20,6 +13,7 @@ def test_character_tokenizer_is_the_datasets(tmp_path):
     assert result.returncode == 0, result.stderr
     assert 'the tokenizer maps each character to its id as' in result.stdout
     meta = load_meta(str(data / 'meta.pkl'))
+    from transformers import AutoTokenizer  # here, not at collection: seconds to import
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / 'hf')
     text = 'First Citizen:\nSpeak,  speak.\n'
     ids = tokenizer.encode(text)
@@ -43,6 +37,7 @@ def test_train_exports_and_finetunes_from_the_export(tmp_path):
     result = run_script('export_hf.py', f'--out_dir={tmp_path / "out"}')
     assert result.returncode == 0, result.stderr
     ours, _ = load_model('resume', str(tmp_path / 'out'), 'cpu')
+    from transformers import AutoModelForCausalLM
     assert_same_model(ours, AutoModelForCausalLM.from_pretrained(tmp_path / 'out' / 'hf'))
     result = run_script('train.py', *common, f'--out_dir={tmp_path / "again"}', '--max_iters=2',
                         f'--init_from={tmp_path / "out" / "hf"}')

@@ -13,7 +13,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from helpers import ROOT, TEXT, patched_env
 
@@ -95,6 +94,7 @@ def repository(tmp_path_factory):
     example = dict(ctx='The cat sat on the', endings=['mat.', 'moon', 'sofa', 'a'], label=0)
     (copy / 'data' / 'hellaswag' / 'hellaswag_val.jsonl').write_text(json.dumps(example) + '\n')
     # a user's own Hugging Face GPT-2 folder (docs/export.md), of the stand-in's tiny shape
+    import transformers  # here, not at collection: seconds to import
     transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32)).save_pretrained(
         copy / 'hf-my-gpt2')
     return copy

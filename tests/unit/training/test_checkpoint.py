@@ -1,6 +1,7 @@
 """training/checkpoint.py: ckpt.pt's layout as nanoGPT's (compiled models' names included), saves that fail or are
 killed midway leave the previous ckpt.pt intact and no temporary file, and unreadable files get one line."""
 import os
+import random
 import subprocess
 import sys
 
@@ -62,8 +63,9 @@ def test_a_save_that_fails_keeps_the_previous_checkpoint(tmp_path, monkeypatch, 
     assert os.listdir(tmp_path) == ['ckpt.pt'] and (tmp_path / 'ckpt.pt').read_bytes() == before
 
 
-@pytest.mark.parametrize('content, message', [(os.urandom(4096), 'is not a PyTorch checkpoint'),
-                                              (b'', 'is not a PyTorch checkpoint')])
+# seeded bytes: every pytest-xdist worker collects the same tests
+@pytest.mark.parametrize('content, message', [(random.Random(0).randbytes(4096), 'is not a PyTorch checkpoint'),
+                                              (b'', 'is not a PyTorch checkpoint')], ids=['random bytes', 'empty'])
 def test_a_file_that_is_not_a_checkpoint_is_one_line(tmp_path, content, message):
     (tmp_path / 'ckpt.pt').write_bytes(content)
     with pytest.raises(CheckpointError) as e:

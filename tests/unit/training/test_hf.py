@@ -6,7 +6,6 @@ import json
 import pytest
 import tiktoken
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 import configurator
 from helpers import HF_ARGS as ARGS
@@ -40,6 +39,7 @@ def test_export_computes_what_the_checkpoint_computes(tmp_path, tied, bias, dtyp
     write_checkpoint(tmp_path / 'out', model, prefix, dtype)
     export(tmp_path / 'out', tmp_path / 'hf', str(data / 'meta.pkl'))
     model.load_state_dict({k: v.to(dtype).float() for k, v in model.state_dict().items()})  # what was saved
+    from transformers import AutoModelForCausalLM, GPT2LMHeadModel  # here, not at collection: seconds to import
     for loader in (GPT2LMHeadModel, AutoModelForCausalLM):
         theirs = loader.from_pretrained(tmp_path / 'hf')
         assert isinstance(theirs, GPT2LMHeadModel) and theirs.config.tie_word_embeddings == tied
@@ -51,6 +51,7 @@ def test_export_computes_what_the_checkpoint_computes(tmp_path, tied, bias, dtyp
 def test_gpt2_tokenizer_is_tiktokens(tmp_path):
     write_checkpoint(tmp_path / 'out', trained_like_gpt(0, vocab_size=50304, n_embd=8, n_head=1, n_layer=1))
     export(tmp_path / 'out', tmp_path / 'hf', None)
+    from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / 'hf')
     text = "Hello world, it's 2024!\n\n  The  end.<|endoftext|>"
     enc = tiktoken.get_encoding('gpt2')
@@ -78,7 +79,12 @@ def test_architecture_keys_gpt2_lacks_are_one_line(tmp_path, monkeypatch):
         hf.check_exportable({'model_args': dict(ARGS, bias=False)}, 'ckpt.pt')
 
 
-def save_hf(path, **config):
+def save_hf(path, weights=True, **config):
+    """A GPT2LMHeadModel of 2 layers, 32 wide, config overriding, saved to path (its config.json alone if not
+    weights). transformers imported here, not at collection: seconds to import."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    if not weights:
+        return GPT2Config(n_layer=1).save_pretrained(path)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(**{'n_layer': 2, 'n_head': 2, 'n_embd': 32, 'n_positions': 32,
                                           'vocab_size': 50257, **config})).eval()
@@ -128,7 +134,7 @@ def test_a_folder_goes_through_the_rules_of_gpt2_names(tmp_path):
     (lambda path: None, "unknown init_from '{path}': neither one of gpt2"),
     (lambda path: (path.mkdir(), (path / 'config.json').write_text(json.dumps({'model_type': 'llama'}))),
      "{path}/config.json has model_type 'llama': init_from takes GPT-2-architecture models only"),
-    (lambda path: GPT2Config(n_layer=1).save_pretrained(path), "{path} has a config.json but no weights"),
+    (lambda path: save_hf(path, weights=False), "{path} has a config.json but no weights"),
     (lambda path: save_hf(path, tie_word_embeddings=False), "sets tie_word_embeddings=False, which this GPT does"),
     (lambda path: save_hf(path, activation_function='relu'), "sets activation_function='relu', which this GPT"),
 ])
