@@ -14,7 +14,7 @@ $ python bench_optim.py --runs=adamw,autocast_cache --dtype=bfloat16 --activatio
 The modern recipe against nanoGPT's (docs/recipe.md): 'baseline' is nanoGPT's GPT-2 architecture, AdamW and cosine
 schedule; 'recipe' is RECIPE (modern architecture, Muon, warmup-stable-decay); 'recipe-X' is the recipe without its
 component X (recipe.ABLATIONS), 'recipe+X' with the component X it left out (recipe.DROPPED); --runs=ablation runs
-all of them. 'recipe+documents' and 'recipe+packed' (recipe.LAYOUTS, GPT-2 BPE datasets) attend within documents,
+all of them. 'recipe+documents' and 'recipe+packed' (recipe.LAYOUTS) attend within the documents eot_token separates,
 the second over sequences 4 blocks long windowed at block_size: the same tokens a step and the same validation
 tokens, as every run then reads rows of 4 blocks and splits them into its own sequences. With several --seeds (each
 its own initial weights, batches and validation windows) the curves are means over the seeds, and the summary gives
@@ -46,6 +46,7 @@ install_handler() # bad input ends the script with one line and exit status 2 (t
 runs = 'adamw,muon' # comma-separated names of RUNS to compare
 data_dir = 'data'
 dataset = 'shakespeare' # data_dir/dataset/train.bin and val.bin, as train.py reads them
+eot_token = 50256 # the token between the dataset's documents (GPT-2's <|endoftext|>): recipe.LAYOUTS' doc_token
 seeds = '1337' # comma-separated; each seed's initial weights, batches and validation windows are every run's
 # model: 4 layers, d=128, GPT-2's vocabulary (or meta.pkl's), 128-token windows
 n_layer = 4

@@ -21,10 +21,10 @@ ABLATIONS = {'rope': {'pos_emb': 'learned'}, 'rmsnorm': {'norm': 'layernorm'}, '
 # component tried and left out: what the recipe with it has
 DROPPED = {'zero_init': {'zero_init_proj': True}, 'x0_shortcut': {'x0_shortcut': True}}
 # Attention over packed documents, as modded-nanogpt's 64K-token records: 'documents' keeps each position within its
-# document (GPT-2's <|endoftext|> starts one); 'packed' also makes the sequences PACK blocks long, with rows PACK
-# times fewer (the same tokens a step) and attention windowed at the block: every position sees a whole window
+# document (config's eot_token starts one: doc_token); 'packed' also makes the sequences PACK blocks long, with rows
+# PACK times fewer (the same tokens a step) and attention windowed at the block: every position sees a whole window
 PACK = 4
-LAYOUTS = {'documents': {'doc_token': 50256}, 'packed': {'doc_token': 50256, 'pack': PACK}}
+LAYOUTS = {'documents': {'documents': True}, 'packed': {'documents': True, 'pack': PACK}}
 RUNS = {'baseline': BASELINE, 'recipe': RECIPE,
         **{f'recipe-{component}': {**RECIPE, **change} for component, change in ABLATIONS.items()},
         **{f'recipe+{component}': {**RECIPE, **change} for component, change in {**DROPPED, **LAYOUTS}.items()}}
@@ -32,11 +32,14 @@ RUNS = {'baseline': BASELINE, 'recipe': RECIPE,
 
 def run_keys(run, config):
     """train.py's keys of `run` (a dict of keys that differ from config's): config's, with GPT-2's architecture where
-    neither sets a modern key; a run on AdamW drops the keys only Muon reads. A run's 'pack' (LAYOUTS) multiplies
-    block_size and divides batch_size by it, with attn_window the config's block_size."""
+    neither sets a modern key; a run on AdamW drops the keys only Muon reads. A run of LAYOUTS attends within the
+    documents that config's eot_token separates, and its 'pack' multiplies block_size and divides batch_size by it,
+    with attn_window the config's block_size."""
     keys = {**MODERN_DEFAULTS, **config, **run}
     if keys['optim'] != 'muon':
         keys.update(dict.fromkeys(MUON_ONLY_KEYS, 0))
+    if keys.pop('documents', False):
+        keys['doc_token'] = config['eot_token']
     pack = keys.pop('pack', 1)
     if pack > 1:
         keys.update(block_size=pack * config['block_size'], batch_size=config['batch_size'] // pack,

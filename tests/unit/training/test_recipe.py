@@ -46,10 +46,10 @@ def test_a_dropped_component_is_the_recipe_with_it_back():
 
 
 def test_the_packed_layout_keeps_a_steps_tokens_and_windows_attention_at_the_block():
-    config = {**CONFIG, 'block_size': 64, 'batch_size': 16}
+    config = {**CONFIG, 'block_size': 64, 'batch_size': 16, 'eot_token': 7}
     full = recipe.run_keys(recipe.RUNS['recipe'], config)
     documents = recipe.run_keys(recipe.RUNS['recipe+documents'], config)
-    assert {k for k in documents if documents[k] != full[k]} == {'doc_token'} and documents['doc_token'] == 50256
+    assert {k for k in documents if documents[k] != full[k]} == {'doc_token'} and documents['doc_token'] == 7
     packed = recipe.run_keys(recipe.RUNS['recipe+packed'], config)
     assert {k for k in packed if packed[k] != full[k]} == {'doc_token', 'block_size', 'batch_size', 'attn_window'}
     assert (packed['block_size'], packed['batch_size'], packed['attn_window']) == (4 * 64, 16 // 4, 64)
