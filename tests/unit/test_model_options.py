@@ -307,6 +307,14 @@ def test_x0_shortcut_starts_as_the_plain_model_and_learns_to_mix_the_embedding_i
 
 
 
+def loss_and_gradients(model, x, y):
+    """(loss, [each parameter's gradient]) of one forward-backward from zero gradients."""
+    model.zero_grad()
+    _, loss = model(x, y)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
 def tokens_with_documents(shape, seed, doc_token=3, every=5):
     """Random tokens of a 50-token vocabulary without doc_token, then doc_token at every `every`-th position from 2."""
     x = torch.randint(4, 50, shape, generator=torch.Generator().manual_seed(seed))
@@ -325,17 +333,9 @@ def test_attention_in_blocks_is_attention_under_the_dense_mask(t, window, doc_to
     pos = torch.arange(t)
     docs = (x == doc_token).cumsum(1) if doc_token >= 0 else torch.zeros_like(x)
     dense = local_attention_mask(pos, pos, window, docs, docs).unsqueeze(1)
-    results = []
-    for mask in (None, dense):
-        if mask is not None:
-            model.attention_mask = lambda idx, pos, cache: mask
-        model.zero_grad()
-        _, loss = model(x, y)
-        loss.backward()
-        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
-    torch.testing.assert_close(results[0][0], results[1][0])
-    for got, want in zip(results[0][1], results[1][1]):
-        torch.testing.assert_close(got, want)
+    blocked = loss_and_gradients(model, x, y)
+    model.attention_mask = lambda idx, pos, cache: dense
+    torch.testing.assert_close(blocked, loss_and_gradients(model, x, y))
 
 
 def test_a_position_sees_only_its_window_of_its_own_document():
@@ -377,16 +377,9 @@ def test_document_attention_passes_flash_attentions_kernel_the_documents_and_win
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAPE, pos_emb='rope', qk_norm=True, attn_window=window, doc_token=doc_token)).double()
     x, y = tokens_with_documents((3, 16), 1), torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(2))
-    results = []
-    for varlen in (False, True):
-        monkeypatch.setattr(GPT, 'uses_varlen', lambda self, idx: varlen)
-        model.zero_grad()
-        _, loss = model(x, y)
-        loss.backward()
-        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
-    torch.testing.assert_close(results[0][0], results[1][0])
-    for got, want in zip(results[0][1], results[1][1]):
-        torch.testing.assert_close(got, want)
+    blocked = loss_and_gradients(model, x, y)
+    monkeypatch.setattr(GPT, 'uses_varlen', lambda self, idx: True)
+    torch.testing.assert_close(blocked, loss_and_gradients(model, x, y))
 
 
 def test_flash_attentions_kernel_runs_where_it_can():
