@@ -196,27 +196,28 @@ def build_optimizer(model, config, device_type):
 CHUNK_ELEMENTS = 2 ** 20
 
 
-# Set by estimate_memory.py's trace (representative_chunks_only), under FakeTensorMode, where tensors have no values.
-_representative_chunks_only = False
+# Set by estimate_memory.py's trace (representative_updates_only), under FakeTensorMode, where tensors have no values.
+_representative_updates_only = False
 
 
 @contextlib.contextmanager
-def representative_chunks_only():
-    """The chunked steps below update only the first two chunks and the last of each parameter: the same memory
-    peak, in a fraction of the time, for estimate_memory.py's trace (fake tensors: no values to get wrong)."""
-    global _representative_chunks_only
-    _representative_chunks_only = True
+def representative_updates_only():
+    """The sliced steps below update only the last parameter of each shape (the others get their state, no update)
+    and of it only the first two chunks and the last: the same memory peak, in a fraction of the time, for
+    estimate_memory.py's trace (fake tensors: no values to get wrong)."""
+    global _representative_updates_only
+    _representative_updates_only = True
     try:
         yield
     finally:
-        _representative_chunks_only = False
+        _representative_updates_only = False
 
 
 def _chunks(*tensors):
     """Matching flat slices (views) of tensors of one shape, CHUNK_ELEMENTS elements at a time."""
     flat = [t.reshape(-1) for t in tensors]  # views: parameters, gradients and states are contiguous
     starts = range(0, flat[0].numel(), CHUNK_ELEMENTS)
-    if _representative_chunks_only and len(starts) > 3:
+    if _representative_updates_only and len(starts) > 3:
         # exact: a chunk's memory depends only on its size and the previous chunk's (whose results it frees), and
         # these chunks make every (previous, current) pair of sizes that all make; the states exist in full already
         starts = (starts[0], starts[1], starts[-1])
@@ -244,16 +245,18 @@ def _closure_loss(closure):
 
 def _params_to_step(optimizer, new_moments):
     """(group, parameter, state) for each of `optimizer`'s parameters that has a gradient, its state created on first
-    use (a step counter and the moments exp_avg, exp_avg_sq = new_moments(parameter)) and its step counted."""
-    for group in optimizer.param_groups:
-        for p in group['params']:
-            if p.grad is None:
-                continue
-            state = optimizer.state[p]
-            if not state:
-                state['step'] = torch.tensor(0.0)
-                state['exp_avg'], state['exp_avg_sq'] = new_moments(p)
-            state['step'] += 1
+    use (a step counter and the moments exp_avg, exp_avg_sq = new_moments(parameter)) and its step counted. Under
+    representative_updates_only, only the last parameter of each shape and dtype: an update's memory depends on those
+    alone, and the states created so far only grow, so the last one's peak is the highest of them all."""
+    params = [(group, p) for group in optimizer.param_groups for p in group['params'] if p.grad is not None]
+    last = {(p.shape, p.dtype, p.grad.dtype): i for i, (_, p) in enumerate(params)}
+    for i, (group, p) in enumerate(params):
+        state = optimizer.state[p]
+        if not state:
+            state['step'] = torch.tensor(0.0)
+            state['exp_avg'], state['exp_avg_sq'] = new_moments(p)
+        state['step'] += 1
+        if not _representative_updates_only or last[(p.shape, p.dtype, p.grad.dtype)] == i:
             yield group, p, state
 
 

@@ -215,7 +215,7 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
              f"{'on' if activation_checkpointing else 'off'}, {config['optim']}"
              f"{', step in backward' if config['optimizer_in_backward'] else ''}")
     tracer = MemoryTracer(alignment)
-    with (sharded_rank(config) as mesh, FakeTensorMode(), tracer, optim.representative_chunks_only(),
+    with (sharded_rank(config) as mesh, FakeTensorMode(), tracer, optim.representative_updates_only(),
           mock.patch.object(model_module, 'document_segments', rows_as_documents)):
         model, optimizer = build(config, activation_checkpointing, mesh, device_type)
         # attn_window and doc_token run in FlashAttention's kernel on CUDA (GPT.uses_varlen), which a fake tensor on

@@ -221,25 +221,28 @@ def test_estimator_reflects_each_lever(weighty, monkeypatch):
 
 @pytest.mark.parametrize('name, weight_dtype', [('adamw_bf16', torch.float32), ('adamw', torch.bfloat16),
                                                 pytest.param('adamw_8bit', torch.bfloat16, marks=needs_torchao)])
-def test_a_step_of_representative_chunks_traces_the_peak_of_every_chunk(monkeypatch, name, weight_dtype):
-    # chunks of 100 blocks of 256: a short last chunk after 11 full ones, in each of two matrices
+def test_representative_updates_trace_the_peak_of_every_update(monkeypatch, name, weight_dtype):
+    """The first step (which creates the states as it goes) and a second one, updating only the last parameter of
+    each shape and its representative chunks, against every parameter and chunk."""
+    # chunks of 100 blocks of 256: a short last chunk after 11 full ones, in each matrix; each shape twice
     monkeypatch.setattr(optim, 'CHUNK_ELEMENTS', 100 * 256)
     optim.warm_up(name)
 
-    def traced_step(chunks):
+    def traced_steps(updates):
         tracer = MemoryTracer()
-        with FakeTensorMode(), tracer, chunks:
-            model = torch.nn.Sequential(torch.nn.Linear(1000, 300, bias=False, dtype=weight_dtype),
-                                        torch.nn.Linear(300, 1000, bias=False, dtype=weight_dtype))
+        with FakeTensorMode(), tracer, updates:
+            model = torch.nn.Sequential(*(torch.nn.Linear(*shape, bias=False, dtype=weight_dtype)
+                                          for shape in [(1000, 300), (300, 1000), (1000, 300), (300, 1000)]))
             optimizer = optim.optimizer_class(name, str(weight_dtype).removeprefix('torch.'))(model.parameters())
             tracer.watch(model, optimizer)
             for p in model.parameters():
                 p.grad = torch.zeros_like(p)
-            optimizer.step()  # the first step makes the state
+            optimizer.step()  # the first step makes the states
+            first = tracer.phase_result()
             tracer.reset_peak()
             optimizer.step()
-            return tracer.phase_result()
-    assert traced_step(optim.representative_chunks_only()) == traced_step(contextlib.nullcontext())
+            return first, tracer.phase_result()
+    assert traced_steps(optim.representative_updates_only()) == traced_steps(contextlib.nullcontext())
 
 
 def test_bf16_weights_halve_weights_and_gradients_in_the_estimate(weighty):
