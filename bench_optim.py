@@ -101,14 +101,15 @@ seed_list = [int(seed) for seed in config['seeds'].split(',')]
 config.update(optimizer_in_backward=False, parallelism='ddp', weight_dtype='float32', init_from='scratch',
               hellaswag=False, bias=False, dropout=0.0) # one process, standard step, a model from scratch
 # the windows every run reads: `span` tokens, the longest sequence of any run, split into each run's sequences
-span = max(recipe.run_keys(RUNS[name], config)['block_size'] for name in names)
+keys_by_run = {name: recipe.run_keys(RUNS[name], config) for name in names}
+span = max(keys['block_size'] for keys in keys_by_run.values())
 if config['batch_size'] * config['block_size'] % span:
     raise ConfigError(f"batch_size={config['batch_size']} rows of block_size={config['block_size']} do not fill "
                       f"whole sequences of {span} tokens (--runs={config['runs']}): use a multiple of "
                       f"{span // config['block_size']} for --batch_size")
-for name in names:
-    check_config(recipe.run_keys(RUNS[name], config), 1)
-    rules.check_architecture(recipe.run_keys(RUNS[name], config))
+for keys in keys_by_run.values():
+    check_config(keys, 1)
+    rules.check_architecture(keys)
 rules.check_dataset({**config, 'block_size': span})
 meta_vocab = rules.meta_vocab_size(config)
 vocab_size = meta_vocab or rules.DEFAULT_VOCAB_SIZE
@@ -142,7 +143,7 @@ def state_bytes(optimizer, params):
 def build(run, seed):
     """The model, optimizer, autocast context and train.py keys of `run`, from the seed's initial weights (cast as
     train.py casts them)."""
-    keys = recipe.run_keys(RUNS[run], config)
+    keys = keys_by_run[run]
     torch.manual_seed(seed)
     model_args, _ = rules.model_args(keys, meta_vocab)
     model = GPT(GPTConfig(**model_args)).to(TORCH_DTYPES[keys['weight_dtype']])

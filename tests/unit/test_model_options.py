@@ -32,6 +32,14 @@ def reference_module():
     return module
 
 
+def loss_and_gradients(model, x, y):
+    """(loss, [each parameter's gradient]) of one forward-backward from zero gradients."""
+    model.zero_grad()
+    _, loss = model(x, y)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
 def run(model, x, y, seed=0):
     """(loss, gradients by name, per-position losses, last-position logits) of one forward-backward."""
     torch.manual_seed(seed)  # dropout's masks
@@ -167,18 +175,9 @@ def test_modern_gpt_matches_a_full_logits_reference_in_loss_gradients_and_infere
     model = GPT(GPTConfig(**SHAPE, **MODERN)).double()
     x, y = torch.randint(0, 50, (3, 16)), torch.randint(0, 50, (3, 16))
     y[1, 3:] = -1
-    results = []
-    def naive_loss(h, w, t, ignore_index, reduction, softcap):
-        return softcapped_naive(h, w, t, softcap, reduction)
-    for loss_fn in (model.loss_fn, naive_loss):
-        model.loss_fn = loss_fn
-        model.zero_grad()
-        _, loss = model(x, y)
-        loss.backward()
-        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
-    torch.testing.assert_close(results[0][0], results[1][0])
-    for got, want in zip(results[0][1], results[1][1]):
-        torch.testing.assert_close(got, want)
+    chunked = loss_and_gradients(model, x, y)
+    model.loss_fn = lambda h, w, t, ignore_index, reduction, softcap: softcapped_naive(h, w, t, softcap, reduction)
+    torch.testing.assert_close(chunked, loss_and_gradients(model, x, y))
     # the logits of generation are capped as the loss's are: the last position's loss from either agrees
     logits, _ = model(x)
     assert logits.abs().max() < MODERN['logit_softcap']
@@ -192,16 +191,10 @@ def test_modern_activation_checkpointing_same_loss_and_gradients():
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAPE, **MODERN))
     x = torch.randint(0, 50, (3, 16))
-    results = []
-    for on in (False, True):
-        model.zero_grad()
-        model.activation_checkpointing = on
-        _, loss = model(x, x)
-        loss.backward()
-        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
-    assert torch.equal(results[0][0], results[1][0])
-    for a, b in zip(results[0][1], results[1][1]):
-        assert torch.equal(a, b)
+    plain_loss, plain_grads = loss_and_gradients(model, x, x)
+    model.activation_checkpointing = True
+    loss, grads = loss_and_gradients(model, x, x)
+    assert torch.equal(loss, plain_loss) and all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
 
 
 def test_a_default_architecture_checkpoint_loads_in_the_previous_model_py():
@@ -305,14 +298,6 @@ def test_x0_shortcut_starts_as_the_plain_model_and_learns_to_mix_the_embedding_i
     torch.testing.assert_close(out1, plain.transformer.h[1](0.5 * in1 + 2.0 * embedding))
     torch.testing.assert_close(in0, embedding)
 
-
-
-def loss_and_gradients(model, x, y):
-    """(loss, [each parameter's gradient]) of one forward-backward from zero gradients."""
-    model.zero_grad()
-    _, loss = model(x, y)
-    loss.backward()
-    return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
 
 def tokens_with_documents(shape, seed, doc_token=3, every=5):

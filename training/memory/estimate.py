@@ -221,7 +221,6 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
         # attn_window and doc_token run in FlashAttention's kernel on CUDA (GPT.uses_varlen), which a fake tensor on
         # the CPU traces: its kept tensors, not the masked blocks a CPU computes
         model.varlen_attention = device_type == 'cuda'
-
         model.loss_fn = tracer.traced_loss(naive_cross_entropy if loss == 'naive' else model.loss_fn)
         tracer.watch(model, local_optimizer(optimizer))
         for block in model.transformer.h:
