@@ -20,6 +20,7 @@ https://github.com/openai/gpt-2/blob/master/src/model.py
 https://github.com/huggingface/transformers/blob/main/src/transformers/models/gpt2/modeling_gpt2.py
 """
 
+import functools
 import inspect
 import math
 from dataclasses import dataclass
@@ -29,12 +30,19 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-try: # FlashAttention over variable-length sequences, CUDA only: attn_window and doc_token's kernel
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:
-    varlen_attn = None
-if varlen_attn is not None and 'window_size' not in inspect.signature(varlen_attn).parameters:
-    varlen_attn = None # an earlier torch's, without a sliding window
+# Functions that run outside torch.compile's graphs are marked with torch._disable_dynamo: torch.compiler.disable
+# itself, but importing torch's compiler at the first call instead of with model.py (seconds at every start).
+
+@torch._disable_dynamo
+@functools.cache
+def flash_varlen_attn():
+    """torch's FlashAttention over variable-length sequences (CUDA only), attn_window and doc_token's kernel, if this
+    torch has it with a sliding window (2.12+), else None. Imported when first asked: its module loads the compiler."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn if 'window_size' in inspect.signature(varlen_attn).parameters else None
 
 class LayerNorm(nn.Module):
     """ LayerNorm but with an optional bias. PyTorch doesn't support simply bias=False
@@ -118,7 +126,7 @@ def local_attention_mask(q_pos, k_pos, window, q_doc=None, k_doc=None):
         mask = mask & (q_doc[..., :, None] == k_doc[..., None, :])
     return mask
 
-@torch.compiler.disable # the number of documents depends on the tokens: computed eagerly, outside a compiled graph
+@torch._disable_dynamo # the number of documents depends on the tokens: computed eagerly, outside a compiled graph
 def document_segments(idx, doc_token):
     """(cu_seqlens, longest): the offsets of the documents of idx (B, T) flattened, each row starting one and each
     doc_token (if >= 0) another, and the longest one's length, as varlen_attn takes them."""
@@ -130,9 +138,10 @@ def document_segments(idx, doc_token):
     cu_seqlens = F.pad(starts.view(-1).nonzero().view(-1), (0, 1), value=b * t).to(torch.int32)
     return cu_seqlens, int(cu_seqlens.diff().max())
 
-def document_attention(q, k, v, cu_seqlens, longest, window):
+def document_attention(q, k, v, varlen_attn, cu_seqlens, longest, window):
     """Causal attention within each document, over at most `window` positions (0: all), with FlashAttention's
-    variable-length kernel: it computes only what the mask of blocked_attention keeps. q, k, v (B, nh, T, hs)."""
+    variable-length kernel varlen_attn: it computes only what the mask of blocked_attention keeps. q, k, v (B, nh, T,
+    hs)."""
     B, nh, T, hs = q.shape
     # in autocast's dtype, as SDPA casts them (qk_norm's RMSNorm may give fp32 queries and keys)
     q, k, v = (t.transpose(1, 2).reshape(B * T, nh, hs).to(v.dtype) for t in (q, k, v))
@@ -399,15 +408,16 @@ class GPT(nn.Module):
 
     def attention_mask(self, idx, pos, cache):
         """What attn_window and doc_token let each position see, for CausalSelfAttention, built once for all layers:
-        None (GPT-2's causal attention); document_segments' and the window, for document_attention; a bool mask
-        (B, 1, t, keys); or with attn_window and no cache, a mask per block of attn_window queries (B, n_blocks, 1,
-        w, 2w) for blocked_attention."""
+        None (GPT-2's causal attention); the kernel, document_segments' and the window, for document_attention; a
+        bool mask (B, 1, t, keys); or with attn_window and no cache, a mask per block of attn_window queries (B,
+        n_blocks, 1, w, 2w) for blocked_attention."""
         window, doc_token = self.config.attn_window, self.config.doc_token
         b, t = idx.size()
         if doc_token < 0 and not (window and (0 if cache is None else cache.length) + t > window):
             return None # nothing but causality restricts attention here
-        if cache is None and self.uses_varlen(idx):
-            return (*document_segments(idx, doc_token), window)
+        varlen_attn = self.varlen_kernel(idx) if cache is None else None
+        if varlen_attn is not None:
+            return (varlen_attn, *document_segments(idx, doc_token), window)
         doc = None
         if doc_token >= 0: # a document's id: how many doc_tokens up to and including the position
             doc = (idx == doc_token).cumsum(1)
@@ -432,16 +442,17 @@ class GPT(nn.Module):
         mask = local_attention_mask(q_pos, k_pos, window, q_doc, k_doc)
         return mask.expand(b, n, window, 2 * window).unsqueeze(2).contiguous()
 
-    def uses_varlen(self, idx):
-        """Whether attention runs document_attention: FlashAttention's kernel needs an Ampere or later GPU, bf16 or
-        fp16, no dropout."""
+    def varlen_kernel(self, idx):
+        """FlashAttention's variable-length kernel where attention runs it (document_attention), else None: it needs
+        an Ampere or later GPU, bf16 or fp16, no dropout, and a torch that has it."""
         on_cuda = self.varlen_attention
         if on_cuda is None:
             on_cuda = idx.is_cuda and torch.cuda.get_device_capability(idx.device) >= (8, 0)
         device = idx.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.lm_head.weight.dtype
         dropout = self.training and self.config.dropout > 0
-        return varlen_attn is not None and on_cuda and dtype in (torch.bfloat16, torch.float16) and not dropout
+        runs = on_cuda and dtype in (torch.bfloat16, torch.float16) and not dropout
+        return flash_varlen_attn() if runs else None
 
     def crop_block_size(self, block_size):
         # model surgery to decrease the block size if necessary
@@ -673,9 +684,11 @@ def _softmax_chunk_fused(logits, targets, valid, row_factors, need_grad, fold_sc
     return losses, row_scales
 
 
-# Compiled on first use, one graph for all chunk sizes (the last chunk is shorter; reduction='none' keeps any number
-# of rows). fullgraph: a graph break would split the fused kernel, so it is an error instead.
-_compiled_softmax_chunk = torch.compile(_softmax_chunk_fused, dynamic=True, fullgraph=True)
+@functools.cache
+def _compiled_softmax_chunk():
+    """_softmax_chunk_fused compiled, one graph for all chunk sizes (the last chunk is shorter; reduction='none' keeps
+    any number of rows). fullgraph: a graph break would split the fused kernel, so it is an error instead."""
+    return torch.compile(_softmax_chunk_fused, dynamic=True, fullgraph=True)
 
 
 def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
@@ -713,7 +726,7 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
     row_losses = torch.empty(n_rows, dtype=acc_dtype, device=hidden.device) if per_row else None
     grad_hidden = torch.empty_like(hidden) if need_hidden_grad else None
     grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if need_weight_grad else None
-    softmax_chunk = _compiled_softmax_chunk if fused else _softmax_chunk
+    softmax_chunk = _compiled_softmax_chunk() if fused else _softmax_chunk
     chunk_buffer = torch.empty(min(chunk_size, n_rows) * vocab_size, dtype=compute_dtype if fused else acc_dtype,
                                device=hidden.device)
     tanh_buffer = torch.empty_like(chunk_buffer) if softcap and need_grad and not fused else None
@@ -817,7 +830,7 @@ def chunked_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_siz
                                   fused=torch.compiler.is_compiling(), softcap=float(softcap))
 
 
-@torch.compiler.disable  # a graph break here is cheap; the chunk loop stays eager under torch.compile
+@torch._disable_dynamo  # a graph break here is cheap; the chunk loop stays eager under torch.compile
 def _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, reduction, fused, softcap=0.0):
     """chunked_cross_entropy, run outside torch.compile's graphs; fused: each chunk's softmax compiled."""
     if chunk_size is None:

@@ -4,24 +4,49 @@ docs/parallel.md says what each mode costs and saves): sharding the model and th
 sync, the full-tensor checkpoint any mode and world size can resume, and what a process does when the others stop
 answering or its launcher dies.
 """
+import importlib
 import inspect
 import os
+import sys
 import threading
 import time
 import traceback
 
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer
-try:  # public from torch 2.6; torch 2.4 and 2.5 have the same functions here
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.distributed.tensor import DTensor, distribute_tensor
-except ImportError:
-    from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.distributed._tensor import DTensor, distribute_tensor
 
 from training.errors import ConfigError, first_line, print_error
 
 PARALLELISMS = ('ddp', 'zero1', 'fsdp')
+# zero1's and fsdp's modules are imported by the functions that shard: together they take seconds to import, which
+# every other run (one process, ddp, sample.py) would pay at start. fully_shard and DTensor are public from torch 2.6;
+# torch 2.4 and 2.5 have the same ones in the private modules.
+FSDP_MODULES = ('torch.distributed.fsdp', 'torch.distributed._composable.fsdp')
+DTENSOR_MODULES = ('torch.distributed.tensor', 'torch.distributed._tensor')
+
+
+def _first_module(names):
+    """The first of the modules `names` that imports."""
+    for name in names[:-1]:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            pass
+    return importlib.import_module(names[-1])
+
+
+def _is_instance(value, module_names, class_name):
+    """isinstance(value, module.class_name) for the first of module_names imported, without importing any: a value
+    of the class exists only once its module is."""
+    return any(name in sys.modules and isinstance(value, getattr(sys.modules[name], class_name))
+               for name in module_names)
+
+
+def _is_zero1(optimizer):
+    return _is_instance(optimizer, ('torch.distributed.optim',), 'ZeroRedundancyOptimizer')
+
+
+def _is_shard(value):
+    return _is_instance(value, DTENSOR_MODULES, 'DTensor')
 
 
 def fsdp_param_dtype(config):
@@ -42,10 +67,11 @@ def shard_model(model, mesh=None, param_dtype=None):
     """FSDP2 in place: each transformer block is one unit (gathered for its own forward and backward), the root holds
     the rest (embeddings, whose weight is also lm_head's, and the final LayerNorm). With a param_dtype the weights
     are gathered in it and the gradients reduce-scattered in fp32; with None, both stay fp32."""
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+    fsdp = _first_module(FSDP_MODULES)
+    policy = fsdp.MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     for block in model.transformer.h:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fsdp.fully_shard(block, mesh=mesh, mp_policy=policy)
+    fsdp.fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def shard_optimizer_state(optimizer):
@@ -54,6 +80,7 @@ def shard_optimizer_state(optimizer):
     groups = [{k: v for k, v in group.items()} for group in optimizer.param_groups]
     accepted = inspect.signature(type(optimizer)).parameters  # defaults can hold more than __init__ takes
     defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    from torch.distributed.optim import ZeroRedundancyOptimizer
     return ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer), **defaults)
 
 
@@ -61,7 +88,7 @@ def _gathered(state, keep):
     """`state` (nested dicts, lists and tensors) with each FSDP shard (DTensor) replaced by its full tensor, moved to
     the CPU at once so the device never holds the whole model; on ranks where not `keep`, None. A collective when
     there are DTensors: every rank must call it on the same structure."""
-    if isinstance(state, DTensor):
+    if _is_shard(state):
         full = state.full_tensor()
         return full.cpu() if keep else None
     if isinstance(state, dict):
@@ -74,7 +101,7 @@ def _gathered(state, keep):
 def full_state_dicts(model, optimizer, master):
     """(model, optimizer) state dicts in nanoGPT's layout, full tensors and plain AdamW indexing, whatever the mode.
     A collective under zero1 and fsdp: every rank calls it; the master gets them, the others None."""
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    if _is_zero1(optimizer):
         optimizer.consolidate_state_dict(to=0)  # rank 0 is the master
         optimizer_state = optimizer.state_dict() if master else None
     else:
@@ -87,15 +114,15 @@ def load_optimizer_state(optimizer, state):
     """A full optimizer state dict (from any mode, any world size, or nanoGPT) into `optimizer`, split as its
     parameters are: ZeroRedundancyOptimizer keeps its rank's share; under fsdp each moment becomes a DTensor
     sharded like its parameter (a collective, in parameter order on every rank)."""
-    if not isinstance(optimizer, ZeroRedundancyOptimizer):
+    if not _is_zero1(optimizer):
         params = [p for group in optimizer.param_groups for p in group['params']]
         for index, param_state in state['state'].items():
             param = params[index]
-            if isinstance(param, DTensor):
+            if _is_shard(param):
                 for name, value in param_state.items():
                     if isinstance(value, torch.Tensor) and value.shape == param.shape:  # not the scalar step
-                        param_state[name] = distribute_tensor(value.to(param.device), param.device_mesh,
-                                                              param.placements)
+                        param_state[name] = _first_module(DTENSOR_MODULES).distribute_tensor(
+                            value.to(param.device), param.device_mesh, param.placements)
     optimizer.load_state_dict(state)
 
 
@@ -112,7 +139,7 @@ def set_gradient_sync(model, parallelism, enabled):
 
 def local_optimizer(optimizer):
     """The optimizer that holds this rank's state: under zero1, ZeroRedundancyOptimizer's own (its share)."""
-    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    return optimizer.optim if _is_zero1(optimizer) else optimizer
 
 
 # How gloo reports a peer that does not answer in time, and one that is gone (NCCL's watchdog ends the process itself)

@@ -358,31 +358,31 @@ def varlen_attn_on_a_cpu(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, window_size)
 def test_document_attention_passes_flash_attentions_kernel_the_documents_and_window(monkeypatch, window, doc_token):
     """On CUDA attention runs varlen_attn over document_segments' segments; on a CPU, with the kernel as documented,
     that gives blocked_attention's loss and gradients (the mask of what each position may see)."""
-    monkeypatch.setattr(model_lib, 'varlen_attn', varlen_attn_on_a_cpu)
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAPE, pos_emb='rope', qk_norm=True, attn_window=window, doc_token=doc_token)).double()
     x, y = tokens_with_documents((3, 16), 1), torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(2))
     blocked = loss_and_gradients(model, x, y)
-    monkeypatch.setattr(GPT, 'uses_varlen', lambda self, idx: True)
+    monkeypatch.setattr(GPT, 'varlen_kernel', lambda self, idx: varlen_attn_on_a_cpu)
     torch.testing.assert_close(blocked, loss_and_gradients(model, x, y))
 
 
 def test_flash_attentions_kernel_runs_where_it_can():
     """CUDA (or varlen_attention=True, as the estimator traces), bf16 or fp16 by autocast or weights, no dropout."""
-    if model_lib.varlen_attn is None:
+    kernel = model_lib.flash_varlen_attn()
+    if kernel is None:
         pytest.skip("torch.nn.attention.varlen's varlen_attn with window_size: torch 2.12 has it")
     model = GPT(GPTConfig(**SHAPE, attn_window=6, dropout=0.1))
     idx = torch.zeros(1, 16, dtype=torch.long)
     model.eval()
-    assert not model.uses_varlen(idx)  # a CPU tensor
+    assert model.varlen_kernel(idx) is None  # a CPU tensor
     model.varlen_attention = True
-    assert not model.uses_varlen(idx)  # fp32
+    assert model.varlen_kernel(idx) is None  # fp32
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        assert model.uses_varlen(idx)
+        assert model.varlen_kernel(idx) is kernel
         model.train()
-        assert not model.uses_varlen(idx)  # dropout, which the kernel does not apply
+        assert model.varlen_kernel(idx) is None  # dropout, which the kernel does not apply
     model.eval().to(torch.float16)
-    assert model.uses_varlen(idx)
+    assert model.varlen_kernel(idx) is kernel
 
 
 def test_mfu_counts_attention_over_the_window():

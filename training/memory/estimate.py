@@ -218,7 +218,7 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
     with (sharded_rank(config) as mesh, FakeTensorMode(), tracer, optim.representative_updates_only(),
           mock.patch.object(model_module, 'document_segments', rows_as_documents)):
         model, optimizer = build(config, activation_checkpointing, mesh, device_type)
-        # attn_window and doc_token run in FlashAttention's kernel on CUDA (GPT.uses_varlen), which a fake tensor on
+        # attn_window and doc_token run in FlashAttention's kernel on CUDA (GPT.varlen_kernel), which a fake tensor on
         # the CPU traces: its kept tensors, not the masked blocks a CPU computes
         model.varlen_attention = device_type == 'cuda'
         model.loss_fn = tracer.traced_loss(naive_cross_entropy if loss == 'naive' else model.loss_fn)
