@@ -45,14 +45,20 @@ CUDA_ONLY = ('--find_batch_size=True',)  # tries micro-batches until the GPU run
 
 
 # Stand-ins, in every process: GPT-2's BPE is a tiny byte-level BPE, and OpenAI's weights are random GPT-2s of a tiny
-# shape, built by transformers from its config, as GPT2LMHeadModel.from_pretrained would load them.
+# shape, built by transformers from its config, as GPT2LMHeadModel.from_pretrained would load them (transformers
+# patched when GPT.from_pretrained first asks for it: importing it takes seconds, in processes that mostly never do).
 STAND_INS = """
-import helpers, model, training.data, transformers
+import helpers, model, training.data
 training.data.get_encoding = lambda name: helpers.tiny_encoding(vocab_size=50257)
 tiny = dict(n_layer=2, n_head=2, n_embd=32)
 model.GPT.PRETRAINED_ARGS.update({name: tiny for name in model.GPT.PRETRAINED_ARGS})
-transformers.GPT2LMHeadModel.from_pretrained = staticmethod(
-    lambda name, **options: transformers.GPT2LMHeadModel(transformers.GPT2Config(**tiny)))
+from_pretrained = model.GPT.from_pretrained.__func__
+def tiny_from_pretrained(cls, *args, **kwargs):
+    import transformers
+    transformers.GPT2LMHeadModel.from_pretrained = staticmethod(
+        lambda name, **options: transformers.GPT2LMHeadModel(transformers.GPT2Config(**tiny)))
+    return from_pretrained(cls, *args, **kwargs)
+model.GPT.from_pretrained = classmethod(tiny_from_pretrained)
 """
 
 
