@@ -196,28 +196,39 @@ def build_optimizer(model, config, device_type):
 CHUNK_ELEMENTS = 2 ** 20
 
 
-# Set by estimate_memory.py's trace (representative_updates_only), under FakeTensorMode, where tensors have no values.
-_representative_updates_only = False
+# Set by estimate_memory.py's trace, under FakeTensorMode, where tensors have no values: which parameters the sliced
+# steps below update, 'all', 'representative' (representative_updates_only) or 'none' (states_only).
+_updates = 'all'
 
 
 @contextlib.contextmanager
+def _updating(which):
+    global _updates
+    previous, _updates = _updates, which
+    try:
+        yield
+    finally:
+        _updates = previous
+
+
 def representative_updates_only():
     """The sliced steps below update only the last parameter of each shape (the others get their state, no update)
     and of it only the first two chunks and the last: the same memory peak, in a fraction of the time, for
     estimate_memory.py's trace (fake tensors: no values to get wrong)."""
-    global _representative_updates_only
-    _representative_updates_only = True
-    try:
-        yield
-    finally:
-        _representative_updates_only = False
+    return _updating('representative')
+
+
+def states_only():
+    """The sliced steps below create each parameter's state and count its step, and update nothing: the trace's
+    warm-up step, whose peak is not measured, in a fraction of the time."""
+    return _updating('none')
 
 
 def _chunks(*tensors):
     """Matching flat slices (views) of tensors of one shape, CHUNK_ELEMENTS elements at a time."""
     flat = [t.reshape(-1) for t in tensors]  # views: parameters, gradients and states are contiguous
     starts = range(0, flat[0].numel(), CHUNK_ELEMENTS)
-    if _representative_updates_only and len(starts) > 3:
+    if _updates == 'representative' and len(starts) > 3:
         # exact: a chunk's memory depends only on its size and the previous chunk's (whose results it frees), and
         # these chunks make every (previous, current) pair of sizes that all make; the states exist in full already
         starts = (starts[0], starts[1], starts[-1])
@@ -256,7 +267,7 @@ def _params_to_step(optimizer, new_moments):
             state['step'] = torch.tensor(0.0)
             state['exp_avg'], state['exp_avg_sq'] = new_moments(p)
         state['step'] += 1
-        if not _representative_updates_only or last[(p.shape, p.dtype, p.grad.dtype)] == i:
+        if _updates == 'all' or (_updates == 'representative' and last[(p.shape, p.dtype, p.grad.dtype)] == i):
             yield group, p, state
 
 

@@ -18,6 +18,8 @@ from training.memory.tracer import MemoryTracer
 
 
 GIB = 2 ** 30
+needs_torchao = pytest.mark.skipif(importlib.util.find_spec('torchao') is None,
+                                   reason='adamw_8bit needs torchao: pip install -r requirements-dev.txt')
 
 
 def test_breakdown_sums_to_peak_and_names_the_parts(tiny):
@@ -129,10 +131,17 @@ def test_warm_start_trace_has_the_same_peak_as_two_full_iterations(tiny, overrid
     assert (warm['peak_bytes'], warm['breakdown']) == (full['peak_bytes'], full['breakdown'])
 
 
-def test_warm_start_steps_in_backward_a_parameter_at_a_time(weighty):
-    """Where the weights' training state dominates, all the gradients at once would be the peak: the step in backward
-    never holds them."""
-    config = {**weighty, 'optimizer_in_backward': True}
+@pytest.mark.parametrize('overrides', [
+    {'optimizer_in_backward': True},
+    {'optimizer_in_backward': True, 'optim': 'adamw_bf16'},  # sliced: its warm-up steps make states, run no update
+    pytest.param({'optimizer_in_backward': True, 'optim': 'adamw_8bit', 'weight_dtype': 'bfloat16',
+                  'dtype': 'bfloat16'}, marks=needs_torchao),
+    {'optim': 'adamw_bf16'},  # the first step, every gradient held, is the peak: traced in full
+], ids=lambda overrides: ','.join(f'{k}={v}' for k, v in overrides.items()))
+def test_warm_start_where_the_weights_training_state_dominates(weighty, overrides):
+    """Where the weights' training state dominates, the optimizer step is the peak, or all the gradients at once
+    would be: the step in backward never holds them."""
+    config = {**weighty, **overrides}
     full = em.trace(config, evaluate=False)['train']
     warm = em.trace(config, evaluate=False, warm_start=True)['train']
     assert (warm['peak_bytes'], warm['breakdown']) == (full['peak_bytes'], full['breakdown'])
@@ -194,9 +203,6 @@ def test_ladder_climbs_to_the_first_rung_that_fits(tiny, trace_once):
     largest = em.rebatched({**tiny, 'activation_checkpointing': True}, last['largest_batch_size'])
     assert total(largest) <= budget < total(em.rebatched(largest, last['largest_batch_size'] + 1))
 
-
-needs_torchao = pytest.mark.skipif(importlib.util.find_spec('torchao') is None,
-                                   reason='adamw_8bit needs torchao: pip install -r requirements-dev.txt')
 
 
 @needs_torchao
