@@ -1,6 +1,7 @@
 """Shared by the tests: a tiny character dataset in nanoGPT's format, a tiny GPT and train.py's step on it, the
 arguments of a tiny model, subprocess runners, a parser of train.py's log lines, and a tiny stand-in for GPT-2's
 BPE."""
+import atexit
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ import tiktoken
 import torch
 
 from model import GPT, GPTConfig
+from script_server import ScriptServer
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASET = 'tiny_char'
@@ -101,11 +103,23 @@ def write_char_dataset(data_dir, name=DATASET, text=TEXT, vocab_size=None):
     return path
 
 
-def run_script(script, *args, env=None, timeout=300):
-    """Run python ROOT/script with args from ROOT, as a user would; the CompletedProcess, output captured.
-    One thread per process: the tests share two cores, and runs compared bit for bit use the same setting."""
-    return subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
+def run_script(script, *args, env=None, timeout=300, cwd=ROOT):
+    """Run python script with args from cwd (ROOT: the repository), as a user would; the CompletedProcess, output
+    captured.
+    One thread per process: the tests share two cores, and runs compared bit for bit use the same setting. A child
+    of the script server where it can be (script_server.py: without torch's import, seconds a run)."""
+    global _script_server
+    argv = [sys.executable, str(cwd / script), *map(str, args)]
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})}
+    if _script_server is None:
+        _script_server = ScriptServer({**os.environ, 'OMP_NUM_THREADS': '1'})
+        atexit.register(_script_server.close)
+    if _script_server.can_run(env):
+        return _script_server.run(argv, cwd, env, timeout)
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+_script_server = None
 
 
 def train(data_dir, out_dir, *args, env=None):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import ROOT, TEXT, patched_env
+from helpers import ROOT, TEXT, patched_env, run_script
 
 
 # what a command that would run long or reach the network gets appended, by its script
@@ -70,15 +70,16 @@ def readme_commands():
 
 
 def with_overrides(command):
-    """`command` (commands joined by &&) with each script's overrides appended and installs dropped."""
+    """The commands of `command` (joined by &&), each a list of words, with each script's overrides appended and
+    installs dropped."""
     parts = []
     for part in command.split(' && '):
         if part.startswith(SKIPPED):
             continue
         words = shlex.split(part)
         script = next(word for word in words if word.endswith('.py'))
-        parts.append(shlex.join([*words, *APPENDED[script]]))
-    return ' && '.join(parts)
+        parts.append([*words, *APPENDED[script]])
+    return parts
 
 
 @pytest.fixture(scope='module')
@@ -112,9 +113,12 @@ def test_readme_command_runs_as_written(repository, tmp_path, command):
         pytest.skip(f'{command}: an install, or this test suite')
     if any(flag in command for flag in CUDA_ONLY) and not torch.cuda.is_available():
         pytest.skip(f'{command}: CUDA only')
-    # torchrun as this interpreter's module: the same Python as the tests'
-    script = with_overrides(command).replace('torchrun ', f'{sys.executable} -m torch.distributed.run ')
-    result = subprocess.run(['bash', '-c', script], cwd=repository, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, **patched_env(tmp_path, STAND_INS), 'OMP_NUM_THREADS': '1',
-                                 'WANDB_MODE': 'disabled'})  # nanoGPT's train_gpt2.py logs to wandb
-    assert result.returncode == 0, f'{command}\n{result.stderr[-3000:]}'
+    env = {**patched_env(tmp_path, STAND_INS), 'WANDB_MODE': 'disabled'}  # nanoGPT's train_gpt2.py logs to wandb
+    for words in with_overrides(command):
+        if words[0] == 'python':  # through helpers.run_script: the same Python as the tests'
+            result = run_script(*words[1:], cwd=repository, env=env, timeout=600)
+        else:  # torchrun as this interpreter's module, or an environment variable set for the command
+            script = shlex.join(words).replace('torchrun ', f'{sys.executable} -m torch.distributed.run ')
+            result = subprocess.run(['bash', '-c', script], cwd=repository, capture_output=True, text=True,
+                                    timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1', **env})
+        assert result.returncode == 0, f'{command}\n{result.stderr[-3000:]}'
