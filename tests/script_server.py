@@ -75,7 +75,8 @@ def serve():
 
 
 if __name__ == '__main__':
-    import importlib.util
+    import importlib
+    import site
     importlib.import_module('torch._dynamo')  # torch, and its compiler, which every torch optimizer imports when built
     request = serve()
     for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request['stdout'], os.O_WRONLY | os.O_CREAT),
@@ -88,8 +89,7 @@ if __name__ == '__main__':
     # as Python starts: PYTHONPATH's folders, sitecustomize, then the script's folder first (instead of the server's)
     sys.path[0:1] = [path for path in request['env'].get('PYTHONPATH', '').split(os.pathsep)
                      if path and path not in sys.path]
-    if importlib.util.find_spec('sitecustomize'):
-        importlib.import_module('sitecustomize')
+    site.execsitecustomize()
     sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
     import runpy
     runpy.run_path(sys.argv[0], run_name='__main__')

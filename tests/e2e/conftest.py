@@ -1,19 +1,38 @@
 """Every test here runs a script as a user does (a subprocess, torchrun) or compiles or traces for long: slow by where
 it lives, and `python -m pytest -m "not slow"` leaves this folder out. Here too: one short training run whose
-checkpoint several tests read."""
+checkpoint several tests read, and the card presets' memory traces, run in the background."""
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from helpers import TINY_ARGS, run_script, write_char_dataset
+from helpers import TINY_ARGS, run_script, trace_card_preset, write_char_dataset
 
 HERE = Path(__file__).parent
+CARD_PRESET_TEST = 'test_card_presets_fit_their_card'  # test_estimate_memory.py's
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if HERE in Path(item.path).parents:
             item.add_marker(pytest.mark.slow)
+    # last, by when card_preset_traces has traced them
+    items.sort(key=lambda item: item.originalname == CARD_PRESET_TEST)
+
+
+@pytest.fixture(scope='session', autouse=True)
+def card_preset_traces(request):
+    """{preset: future of helpers.trace_card_preset} for the card presets whose test was selected, traced one after
+    the other in a background process from the first end-to-end test on, on the core the tests' runs (one process
+    at a time, mostly) leave free: the gpt2-xl presets' traces take most of a minute each."""
+    paths = [item.callspec.params['path'] for item in request.session.items if item.originalname == CARD_PRESET_TEST]
+    if not paths:
+        yield {}
+        return
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'))
+    yield {path: pool.submit(trace_card_preset, path) for path in paths}
+    pool.shutdown(cancel_futures=True)
 
 
 @pytest.fixture(scope='session')

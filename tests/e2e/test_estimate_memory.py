@@ -4,16 +4,14 @@ train.py's checks and fits."""
 import contextlib
 import importlib.util
 import io
-import multiprocessing
 import runpy
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from unittest import mock
 
 import pytest
 
 import estimate_memory
-from helpers import ROOT, check_only_the_naive_loss_holds_the_logits, trace_card_preset, write_char_dataset
+from helpers import ROOT, check_only_the_naive_loss_holds_the_logits, write_char_dataset
 from training import rules
 from training.memory import estimate as em
 from training.memory.tracer import MemoryTracer
@@ -82,19 +80,12 @@ def test_estimate_equals_the_peak_of_the_real_train_py(tmp_path, case):
     assert estimated == pytest.approx(real, rel=0.02)
 
 
-@pytest.fixture(scope='module')
-def card_preset_traces():
-    """{preset: future of helpers.trace_card_preset}, two at a time: a trace is single-threaded Python (FakeTensorMode
-    computes nothing), and each gpt2-xl preset's takes a minute or two. A failed trace fails its own test."""
-    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context('spawn')) as pool:
-        yield {path: pool.submit(trace_card_preset, path) for path in CARD_PRESETS}
-
-
 @pytest.mark.parametrize('path', CARD_PRESETS, ids=lambda path: path.name)
 def test_card_presets_fit_their_card(card_preset_traces, path):
     """Training and evaluation, with the allowance, within the card each preset is named for, less the memory left to
     other programs (gpu_headroom_gb). Traced warm-started: the same peak (see
-    test_warm_start_trace_has_the_same_peak_as_two_full_iterations) in half the time."""
+    test_warm_start_trace_has_the_same_peak_as_two_full_iterations) in half the time; in the background, from the
+    first end-to-end test on (conftest.py's card_preset_traces)."""
     budget_bytes, result = card_preset_traces[path].result()
     train, evaluation = (em.total_bytes(result[phase]['peak_bytes']) for phase in ('train', 'eval'))
     assert train <= budget_bytes and evaluation <= budget_bytes
