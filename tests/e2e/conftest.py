@@ -2,6 +2,7 @@
 it lives, and `python -m pytest -m "not slow"` leaves this folder out. Here too: one short training run whose
 checkpoint several tests read, and the card presets' memory traces, run in the background."""
 import multiprocessing
+import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -24,13 +25,13 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope='session', autouse=True)
 def card_preset_traces(request):
     """{preset: future of helpers.trace_card_preset} for the card presets whose test was selected, traced one after
-    the other in a background process from the first end-to-end test on, on the core the tests' runs (one process
-    at a time, mostly) leave free: the gpt2-xl presets' traces take most of a minute each."""
+    the other in a background process from the first end-to-end test on, at the lowest priority: on the core the
+    tests' runs (one process at a time, mostly) leave free. The gpt2-xl presets' traces take most of a minute each."""
     paths = [item.callspec.params['path'] for item in request.session.items if item.originalname == CARD_PRESET_TEST]
     if not paths:
         yield {}
         return
-    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'))
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'), initializer=os.nice, initargs=(19,))
     yield {path: pool.submit(trace_card_preset, path) for path in paths}
     pool.shutdown(cancel_futures=True)
 
