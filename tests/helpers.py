@@ -103,16 +103,21 @@ def write_char_dataset(data_dir, name=DATASET, text=TEXT, vocab_size=None):
     return path
 
 
+def one_thread_env(env=None):
+    """The environment of a script the tests run: this one, one thread per process (the tests share two cores, and
+    runs compared bit for bit use the same setting), and `env` over it."""
+    return {**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})}
+
+
 def run_script(script, *args, env=None, timeout=300, cwd=ROOT):
-    """Run python script with args from cwd (ROOT: the repository), as a user would; the CompletedProcess, output
-    captured.
-    One thread per process: the tests share two cores, and runs compared bit for bit use the same setting. A child
-    of the script server where it can be (script_server.py: without torch's import, seconds a run)."""
+    """Run python script with args from cwd (ROOT: the repository), as a user would, in one_thread_env(env); the
+    CompletedProcess, output captured. A child of the script server where it can be (script_server.py: without
+    torch's import, seconds a run)."""
     global _script_server
     argv = [sys.executable, str(cwd / script), *map(str, args)]
-    env = {**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})}
+    env = one_thread_env(env)
     if _script_server is None:
-        _script_server = ScriptServer({**os.environ, 'OMP_NUM_THREADS': '1'})
+        _script_server = ScriptServer(one_thread_env())
         atexit.register(_script_server.close)
     if _script_server.can_run(env):
         return _script_server.run(argv, cwd, env, timeout)
@@ -191,7 +196,7 @@ def torchrun(*args, processes=2, env=None, timeout=300):
     return subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
                            f'--nproc_per_node={processes}', 'train.py', *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
+                          env=one_thread_env(env))
 
 
 def patched_env(directory, patch):

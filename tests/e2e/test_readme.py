@@ -3,7 +3,6 @@ of the repository, as a reader would run them: with tiny-model overrides appende
 data written here, and the downloads (Tiny Shakespeare, GPT-2's BPE and weights, HellaSwag) replaced by local stand-ins, since no test
 can reach the network."""
 import json
-import os
 import re
 import shlex
 import shutil
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import ROOT, TEXT, patched_env, run_script
+from helpers import ROOT, TEXT, one_thread_env, patched_env, run_script
 
 
 # what a command that would run long or reach the network gets appended, by its script
@@ -120,5 +119,5 @@ def test_readme_command_runs_as_written(repository, tmp_path, command):
         else:  # torchrun as this interpreter's module, or an environment variable set for the command
             script = shlex.join(words).replace('torchrun ', f'{sys.executable} -m torch.distributed.run ')
             result = subprocess.run(['bash', '-c', script], cwd=repository, capture_output=True, text=True,
-                                    timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1', **env})
+                                    timeout=600, env=one_thread_env(env))
         assert result.returncode == 0, f'{command}\n{result.stderr[-3000:]}'

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from helpers import patched_env
+from helpers import one_thread_env, patched_env
 from script_server import ScriptServer
 
 SCRIPT = """
@@ -25,7 +25,7 @@ if sys.argv[1] == 'hook':
 
 @pytest.fixture(scope='module')
 def server():
-    server = ScriptServer({**os.environ, 'OMP_NUM_THREADS': '1'})
+    server = ScriptServer(one_thread_env())
     yield server
     server.close()
 
@@ -35,8 +35,8 @@ def test_a_child_runs_a_script_as_python_does(server, tmp_path, mode):
     (tmp_path / 'scripts').mkdir()
     (tmp_path / 'scripts' / 'script.py').write_text(SCRIPT)
     (tmp_path / 'helper_module.py').write_text('')  # beside sitecustomize.py, on PYTHONPATH
-    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'SERVER_TEST': 'set',
-           **patched_env(tmp_path, 'import helper_module\nhelper_module.PATCHED = True')}
+    env = one_thread_env({'SERVER_TEST': 'set',
+                          **patched_env(tmp_path, 'import helper_module\nhelper_module.PATCHED = True')})
     argv = [sys.executable, str(tmp_path / 'scripts' / 'script.py'), mode, '--key=a value']
     assert server.can_run(env)
     forked = server.run(argv, tmp_path, env, timeout=60)

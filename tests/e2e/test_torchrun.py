@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers import (MODERN_ARCH_ARGS, PARALLEL_ARGS as ARGS, ROOT, TINY_ARGS, assert_same_losses, load,
-                     logged_losses, run_script, torchrun, write_char_dataset)
+                     logged_losses, one_thread_env, run_script, torchrun, write_char_dataset)
 
 
 MODES = ('ddp', 'zero1', 'fsdp')
@@ -157,7 +157,7 @@ def start_long_run(tmp_path, data_dir, *args):
                                  'train.py', *ARGS, f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}',
                                  '--max_iters=1000000', '--eval_interval=1000000', *args], cwd=ROOT,
                                 stdout=open(out, 'w'), stderr=open(err, 'w'),
-                                env={**os.environ, 'OMP_NUM_THREADS': '1'})
+                                env=one_thread_env())
     wait_for(lambda: 'iter 3:' in out.read_text() or launcher.poll() is not None, 120, 'training to start')
     assert launcher.poll() is None, err.read_text()[-3000:]
     return launcher, out, err, workers(launcher)

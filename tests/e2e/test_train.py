@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-from helpers import (MODERN_ARCH_ARGS, MODERN_RECIPE_ARGS, ROOT, TEXT, TINY_ARGS, load, logged_losses, patched_env,
-                     train, write_char_dataset)
+from helpers import (MODERN_ARCH_ARGS, MODERN_RECIPE_ARGS, ROOT, TEXT, TINY_ARGS, load, logged_losses, one_thread_env,
+                     patched_env, train, write_char_dataset)
 
 
 def same_weights(a, b):
@@ -89,7 +89,7 @@ def test_kill_during_training_then_resume(tmp_path, data_dir):
     process = subprocess.Popen([sys.executable, 'train.py', *TINY_ARGS, f'--data_dir={data_dir}',
                                 f'--out_dir={out_dir}', '--max_iters=100000', '--eval_interval=2'],
                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env={**os.environ, 'OMP_NUM_THREADS': '1'})
+                               env=one_thread_env())
     deadline = time.time() + 120
     while not (out_dir / 'ckpt.pt').exists() and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)
@@ -276,7 +276,7 @@ def test_prepared_from_another_directory_then_trained_from_it(tmp_path):
     trained = subprocess.run([sys.executable, str(ROOT / 'train.py'), str(config),
                               *args, '--max_iters=3', '--eval_interval=3', '--warmup_iters=1', '--lr_decay_iters=1'],
                              cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                             env={**os.environ, 'OMP_NUM_THREADS': '1'})
+                             env=one_thread_env())
     assert trained.returncode == 0, trained.stderr
     assert sorted(logged_losses(trained.stdout)) == [0, 1, 2, 3]
     assert (tmp_path / 'out-shakespeare-char' / 'ckpt.pt').exists()
@@ -395,7 +395,7 @@ def bad_runs(tmp_path_factory, tiny_run):
         # --max_iters=2: short, should a check be missing
         cases.append(([*TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--max_iters=2', *args], env))
     driver = subprocess.run([sys.executable, '-c', DRIVER, json.dumps(cases)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+                            text=True, timeout=300, env=one_thread_env())
     assert driver.returncode == 0, driver.stderr
     results = json.loads(driver.stdout)
     return {name: (*result, before[name], snapshot(root / name.replace(' ', '_')))

@@ -145,8 +145,10 @@ def train_iterations(model, optimizer, config, batch_size, device_type, warm_sta
         in_backward = isinstance(optimizer, optim.OptimizerInBackward)
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
-            if in_backward:  # stepped a parameter at a time, its gradient freed, as backward's hooks do; each
-                with optim.states_only():  # update is traced again in backward, beside more tensors: made, not run
+            # in backward: stepped a parameter at a time, its gradient freed, as backward's hooks do; states made,
+            # updates not run, as each update is traced again in backward beside more tensors
+            if in_backward:
+                with optim.states_only():
                     optimizer.step()
                 p.grad = None
         optimizer.step()
