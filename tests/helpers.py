@@ -2,6 +2,7 @@
 arguments of a tiny model, subprocess runners, a parser of train.py's log lines, and a tiny stand-in for GPT-2's
 BPE."""
 import atexit
+import functools
 import hashlib
 import json
 import os
@@ -18,7 +19,7 @@ import tiktoken
 import torch
 
 from model import GPT, GPTConfig
-from script_server import ScriptServer
+import script_server
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASET = 'tiny_char'
@@ -111,20 +112,24 @@ def one_thread_env(env=None):
 
 def run_script(script, *args, env=None, timeout=300, cwd=ROOT):
     """Run python script with args from cwd (ROOT: the repository), as a user would, in one_thread_env(env); the
-    CompletedProcess, output captured. A child of the script server where it can be (script_server.py: without
-    torch's import, seconds a run)."""
-    global _script_server
-    argv = [sys.executable, str(cwd / script), *map(str, args)]
-    env = one_thread_env(env)
-    if _script_server is None:
-        _script_server = ScriptServer(one_thread_env())
-        atexit.register(_script_server.close)
-    if _script_server.can_run(env):
-        return _script_server.run(argv, cwd, env, timeout)
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    CompletedProcess, output captured."""
+    return run_python(str(cwd / script), *args, env=env, timeout=timeout, cwd=cwd)
 
 
-_script_server = None
+def run_python(*args, env=None, timeout=300, cwd=ROOT):
+    """`python args` from cwd in one_thread_env(env), output captured: a child of the script server where it can be
+    (script_server.py: without torch's import, seconds a run)."""
+    argv, env = [sys.executable, *map(str, args)], one_thread_env(env)
+    result = running_script_server().run(argv, cwd, env, timeout)
+    return result or subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@functools.cache
+def running_script_server():
+    """The tests' one script server, started at its first use, in one_thread_env()."""
+    server = script_server.ScriptServer(one_thread_env())
+    atexit.register(server.close)
+    return server
 
 
 def train(data_dir, out_dir, *args, env=None):
@@ -193,10 +198,17 @@ def assert_same_losses(stdout, reference, kind, iterations):
 
 def torchrun(*args, processes=2, env=None, timeout=300):
     """train.py with args under torchrun, `processes` processes on this machine, as run_script runs one."""
-    return subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
-                           f'--nproc_per_node={processes}', 'train.py', *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env=one_thread_env(env))
+    return run_torchrun('--standalone', f'--nproc_per_node={processes}', 'train.py', *args, env=env, timeout=timeout)
+
+
+def run_torchrun(*words, env=None, timeout=300, cwd=ROOT):
+    """`torchrun words` (its options, a script, the script's args) from cwd, as run_script runs a script. Each worker
+    that torchrun would start as `python -u script args` is a child of the script server too where it can be
+    (script_server.torchrun_worker)."""
+    script = next(i for i, word in enumerate(words) if str(word).endswith('.py'))
+    worker = ['--no-python', sys.executable, '-S', script_server.__file__, 'worker']
+    return run_python('-m', 'torch.distributed.run', *words[:script], *worker, *words[script:], cwd=cwd,
+                      timeout=timeout, env={**(env or {}), script_server.ADDRESS: running_script_server().address})
 
 
 def patched_env(directory, patch):

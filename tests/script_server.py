@@ -1,95 +1,224 @@
-"""run_script's fast path. A Python that has imported torch (seconds, the most of a tiny run) forks a child for each
-script run, and the child runs it as `python script args` would: its argv, directory, environment, stdin from
-/dev/null, stdout and stderr to files, the same exit status and uncaught-exception handling. What a child does
-not do again is torch's import: environment variables read then (PYTHON*, OMP_*, MKL_*, TORCH*, CUDA*) are the
-server's own, so a run that sets them goes through a real subprocess (helpers.run_script decides); but for
-PYTHONPATH, which the child applies as Python's start does, sitecustomize.py included (helpers.patched_env's).
+"""The end-to-end tests' fast path. A Python that has imported torch (seconds, the most of a tiny run) forks a child for
+each script run, and the child runs it as `python script args` (or `python -m module args`) would: its argv,
+directory, environment, stdin, stdout and stderr (the caller's own file descriptors), the same exit status and
+uncaught-exception handling. Its callers: ScriptServer.run (helpers.run_script, and torchrun's launcher in
+helpers.run_torchrun), and torchrun's workers, each `python -S script_server.py worker script args` in place of
+torchrun's `python -u script args`: it passes torchrun's signals on to its child, and ends as the child did.
 
-The server imports nothing of this repository: each child imports the scripts' modules afresh, as a new process
-would. It never runs a torch operation, so its children fork from a process without threads."""
+What a child does not do again is torch's import: environment variables read then (PYTHON*, OMP_*, MKL_*, TORCH*,
+CUDA*) are the server's own, so a run that sets them is refused and runs as a real process (run_script and the worker
+fall back); but PYTHONPATH, which the child applies as Python's start does, sitecustomize.py included
+(helpers.patched_env's), and torchrun's variables for its workers, which torch.distributed reads when it runs.
+
+The server imports nothing of this repository: each child imports the scripts' modules afresh, as a new process would.
+It never runs a torch operation nor starts a thread, so its children fork from a process without threads."""
+import io
 import json
 import os
+import select
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 READ_AT_START = ('PYTHON', 'OMP_', 'MKL_', 'TORCH', 'CUDA')  # environment variables: by Python or by torch's import
-APPLIED_BY_THE_CHILD = ('PYTHONPATH',)
+READ_WHEN_USED = ('PYTHONPATH', 'TORCHELASTIC_', 'TORCH_NCCL_')
+ADDRESS = 'SCRIPT_SERVER'  # the environment variable that gives torchrun's workers the server's socket
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # what torchrun stops its workers with
+
+
+def read_at_start_differences(env, own):
+    """The variables read at start whose values in `env` are not those of `own`, the server's environment."""
+    return sorted(key for key in {*env, *own} if key.startswith(READ_AT_START) and not key.startswith(READ_WHEN_USED)
+                  and env.get(key) != own.get(key))
 
 
 class ScriptServer:
-    """The client: run() sends the server a run and waits for its exit status."""
+    """Starts the server; run() runs a script through it."""
 
     def __init__(self, env):
         self.env = env
-        self.process = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, text=True, env=env)
-
-    def can_run(self, env):
-        """Whether a run in environment `env` can be a child of the server: env has the server's values of what is
-        read at start."""
-        return all(env.get(key) == self.env.get(key) for key in {*env, *self.env}
-                   if key.startswith(READ_AT_START) and key not in APPLIED_BY_THE_CHILD)
+        self.address = os.path.join(tempfile.mkdtemp(prefix='script-server-'), 'socket')
+        self.process = subprocess.Popen([sys.executable, __file__, 'serve', self.address], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        assert self.process.stdout.readline() == 'listening\n', 'the script server did not start'
 
     def run(self, argv, cwd, env, timeout):
-        """subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout), argv[0] being
-        sys.executable and argv[1] the script."""
+        """subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout), argv being
+        [sys.executable, script, ...] or [sys.executable, '-m', module, ...]; None where env needs a real process."""
         with tempfile.TemporaryDirectory() as directory:
-            out, err = os.path.join(directory, 'stdout'), os.path.join(directory, 'stderr')
-            request = dict(argv=argv[1:], cwd=str(cwd), env=env, stdout=out, stderr=err, timeout=timeout)
-            self.process.stdin.write(json.dumps(request) + '\n')
-            self.process.stdin.flush()
-            returncode = json.loads(self.process.stdout.readline())
-            with open(out) as stdout, open(err) as stderr:
+            paths = os.devnull, os.path.join(directory, 'stdout'), os.path.join(directory, 'stderr')
+            files = [open(path, mode) for path, mode in zip(paths, 'rww')]
+            with files[0], files[1], files[2]:
+                answer = request(self.address, dict(argv=argv[1:], cwd=str(cwd), env=env, timeout=timeout),
+                                 [f.fileno() for f in files])
+            if answer is None:
+                return None
+            with open(paths[1]) as stdout, open(paths[2]) as stderr:
                 output = stdout.read(), stderr.read()
-        if returncode is None:
+        if answer['returncode'] is None:
             raise subprocess.TimeoutExpired(argv, timeout, *output)
-        return subprocess.CompletedProcess(argv, returncode, *output)
+        return subprocess.CompletedProcess(argv, answer['returncode'], *output)
 
     def close(self):
-        self.process.stdin.close()
+        self.process.stdin.close()  # the server's cue to end
         self.process.wait()
+        shutil.rmtree(os.path.dirname(self.address))
 
 
-def serve():
-    """Fork a child for each request line; answer each with its exit status (None: killed at its timeout). In the
-    child, returns the request."""
-    for line in sys.stdin:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            os.setpgid(0, 0)  # its own process group: a timeout kills what it started too
-            return request
-        deadline = time.monotonic() + request['timeout']
-        while (status := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        if status[0] == 0:
+def request(address, run, fds, on_pid=None, while_alive=lambda: True):
+    """Send the server `run` (argv, cwd, env, timeout, unbuffered) with fds as the child's stdin, stdout, stderr; call
+    on_pid with the child's pid once it runs. The server's last answer: {'returncode': its exit status, None at its
+    timeout}; None where it refused the run. Should while_alive() turn false while waiting, the server kills the child."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.connect(address)
+        socket.send_fds(connection, [b'.'], fds)
+        connection.sendall(json.dumps(run).encode() + b'\n')
+        received = b''
+        while True:
+            if select.select([connection], [], [], 1.0)[0]:
+                data = connection.recv(65536)
+                if not data:
+                    raise ConnectionError('the script server ended during a run')
+                received += data
+            elif not while_alive():
+                sys.exit(1)
+            while b'\n' in received:
+                line, received = received.split(b'\n', 1)
+                answer = json.loads(line)
+                if 'pid' not in answer:
+                    return None if 'refused' in answer else answer
+                if on_pid:
+                    on_pid(answer['pid'])
+
+
+def serve(address, own_env):
+    """Accept runs on the socket at `address` until stdin closes, each watched by a forked monitor (run_child), which
+    refuses those whose variables read at start are not those of own_env. In the child, returns its run."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(64)
+    print('listening', flush=True)
+    while True:
+        readable = select.select([listener, sys.stdin], [], [], 1.0)[0]
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:  # monitors that are done
+                pass
+        except ChildProcessError:
+            pass
+        if sys.stdin in readable:  # nothing is written there: it closed
+            sys.exit(0)
+        if listener in readable:
+            connection = listener.accept()[0]
+            if os.fork() == 0:
+                listener.close()
+                return run_child(connection, own_env)
+            connection.close()
+
+
+def run_child(connection, own_env):
+    """The monitor: receive a run, fork its child, answer its pid, then its exit status; kill it (its process group)
+    at its timeout or when the caller is gone. In the child, returns the run."""
+    _, fds, _, _ = socket.recv_fds(connection, 1, 3)
+    received = b''
+    while not received.endswith(b'\n'):
+        received += connection.recv(65536)
+    run = json.loads(received)
+    if read_at_start_differences(run['env'], own_env):
+        connection.sendall(json.dumps({'refused': read_at_start_differences(run['env'], own_env)}).encode() + b'\n')
+        os._exit(0)
+    pid = os.fork()
+    if pid == 0:
+        os.setpgid(0, 0)  # its own process group: a kill reaches what it started too
+        connection.close()
+        for fd, received_fd in enumerate(fds):
+            os.dup2(received_fd, fd)
+            os.close(received_fd)
+        return run
+    for fd in fds:
+        os.close(fd)
+    connection.sendall(json.dumps({'pid': pid}).encode() + b'\n')
+    deadline = time.monotonic() + run['timeout'] if run['timeout'] else float('inf')
+    while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        caller_gone = select.select([connection], [], [], 0.005)[0]  # it sends nothing more: readable is closed
+        if caller_gone or time.monotonic() > deadline:
             os.killpg(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            print('null', flush=True)
-        else:
-            print(json.dumps(os.waitstatus_to_exitcode(status[1])), flush=True)
-    sys.exit(0)
+            break
+    answer = {'returncode': os.waitstatus_to_exitcode(status[1]) if status[0] else None}
+    try:
+        connection.sendall(json.dumps(answer).encode() + b'\n')
+    except OSError:
+        pass  # the caller is gone
+    os._exit(0)
+
+
+def torchrun_worker(script_args):
+    """torchrun's worker `python -u script args`, run by the server at $SCRIPT_SERVER where it can: torchrun's signals
+    go to the child, and this process ends as the child did (its exit status, or its signal); it stops the child
+    should torchrun die. Without a server, or where the server refuses the run, it becomes that command."""
+    env = dict(os.environ)
+    address = env.pop(ADDRESS, None)
+    child, pending = [], []
+
+    def forward(signum, frame):
+        try:
+            os.killpg(child[0], signum) if child else pending.append(signum)
+        except ProcessLookupError:
+            pass  # it has just ended
+
+    def started(pid):
+        child.append(pid)
+        for signum in pending:
+            forward(signum, None)
+
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+    launcher = os.getppid()
+    run = dict(argv=script_args, cwd=os.getcwd(), env=env, timeout=None, unbuffered=True)
+    answer = address and request(address, run, [0, 1, 2], started, lambda: os.getppid() == launcher)
+    if not answer:
+        os.execve(sys.executable, [sys.executable, '-u', *script_args], env)
+    if answer['returncode'] < 0:
+        signal.signal(-answer['returncode'], signal.SIG_DFL)
+        os.kill(os.getpid(), -answer['returncode'])
+    sys.exit(answer['returncode'])
+
+
+def unbuffered(stream):
+    """`stream` as `python -u` opens it: every write goes to its file descriptor at once."""
+    return io.TextIOWrapper(io.FileIO(stream.fileno(), 'w', closefd=False), encoding=stream.encoding,
+                            errors=stream.errors, write_through=True)
 
 
 if __name__ == '__main__':
+    if sys.argv[1] == 'worker':
+        torchrun_worker(sys.argv[2:])
     import importlib
     import site
+    own_env = dict(os.environ)  # as it started: torch's import sets some (TORCHINDUCTOR_CACHE_DIR)
     importlib.import_module('torch._dynamo')  # torch, and its compiler, which every torch optimizer imports when built
-    request = serve()
-    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request['stdout'], os.O_WRONLY | os.O_CREAT),
-                            (2, request['stderr'], os.O_WRONLY | os.O_CREAT)):
-        os.dup2(os.open(path, flags), fd)
-    os.chdir(request['cwd'])
+    run = serve(sys.argv[2], own_env)
+    os.chdir(run['cwd'])
     os.environ.clear()
-    os.environ.update(request['env'])
-    sys.argv = request['argv']
-    # as Python starts: PYTHONPATH's folders, sitecustomize, then the script's folder first (instead of the server's)
-    sys.path[0:1] = [path for path in request['env'].get('PYTHONPATH', '').split(os.pathsep)
+    os.environ.update(run['env'])
+    sys.argv = run['argv']
+    if run.get('unbuffered'):
+        sys.stdout = sys.__stdout__ = unbuffered(sys.stdout)
+        sys.stderr = sys.__stderr__ = unbuffered(sys.stderr)
+    # as Python starts: PYTHONPATH's folders, sitecustomize, then the script's folder (python -m: the current one)
+    # first, instead of the server's
+    sys.path[0:1] = [path for path in run['env'].get('PYTHONPATH', '').split(os.pathsep)
                      if path and path not in sys.path]
     site.execsitecustomize()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
     import runpy
-    runpy.run_path(sys.argv[0], run_name='__main__')
+    if sys.argv[0] == '-m':
+        sys.path.insert(0, os.getcwd())
+        sys.argv = sys.argv[1:]
+        runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)
+    else:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+        runpy.run_path(sys.argv[0], run_name='__main__')

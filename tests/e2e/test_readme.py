@@ -7,13 +7,12 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import ROOT, TEXT, one_thread_env, patched_env, run_script
+from helpers import ROOT, TEXT, one_thread_env, patched_env, run_script, run_torchrun
 
 
 # what a command that would run long or reach the network gets appended, by its script
@@ -114,10 +113,11 @@ def test_readme_command_runs_as_written(repository, tmp_path, command):
         pytest.skip(f'{command}: CUDA only')
     env = {**patched_env(tmp_path, STAND_INS), 'WANDB_MODE': 'disabled'}  # nanoGPT's train_gpt2.py logs to wandb
     for words in with_overrides(command):
-        if words[0] == 'python':  # through helpers.run_script: the same Python as the tests'
+        if words[0] == 'python':  # through helpers: the same Python as the tests'
             result = run_script(*words[1:], cwd=repository, env=env, timeout=600)
-        else:  # torchrun as this interpreter's module, or an environment variable set for the command
-            script = shlex.join(words).replace('torchrun ', f'{sys.executable} -m torch.distributed.run ')
-            result = subprocess.run(['bash', '-c', script], cwd=repository, capture_output=True, text=True,
+        elif words[0] == 'torchrun':
+            result = run_torchrun(*words[1:], cwd=repository, env=env, timeout=600)
+        else:  # an environment variable set for the command
+            result = subprocess.run(['bash', '-c', shlex.join(words)], cwd=repository, capture_output=True, text=True,
                                     timeout=600, env=one_thread_env(env))
         assert result.returncode == 0, f'{command}\n{result.stderr[-3000:]}'

@@ -1,11 +1,14 @@
-"""tests/script_server.py, which most end-to-end runs go through: a forked child gives what `python script` gives."""
+"""tests/script_server.py, which most end-to-end runs go through: a forked child gives what `python script` gives, and
+torchrun's workers through it what torchrun's own give."""
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-from helpers import one_thread_env, patched_env
+import script_server
+from helpers import one_thread_env, patched_env, run_torchrun, running_script_server
 from script_server import ScriptServer
 
 SCRIPT = """
@@ -38,7 +41,6 @@ def test_a_child_runs_a_script_as_python_does(server, tmp_path, mode):
     env = one_thread_env({'SERVER_TEST': 'set',
                           **patched_env(tmp_path, 'import helper_module\nhelper_module.PATCHED = True')})
     argv = [sys.executable, str(tmp_path / 'scripts' / 'script.py'), mode, '--key=a value']
-    assert server.can_run(env)
     forked = server.run(argv, tmp_path, env, timeout=60)
     real = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert (forked.returncode, forked.stdout) == (real.returncode, real.stdout)
@@ -51,12 +53,61 @@ def test_a_child_runs_a_script_as_python_does(server, tmp_path, mode):
 def test_a_child_past_its_timeout_is_killed(server, tmp_path):
     (tmp_path / 'script.py').write_text('import sys, time\ntime.sleep(float(sys.argv[1]))\n')
     with pytest.raises(subprocess.TimeoutExpired):
-        server.run([sys.executable, str(tmp_path / 'script.py'), '60'], tmp_path, dict(os.environ), timeout=1)
-    assert server.run([sys.executable, str(tmp_path / 'script.py'), '0'], tmp_path, dict(os.environ),
+        server.run([sys.executable, str(tmp_path / 'script.py'), '60'], tmp_path, server.env, timeout=1)
+    assert server.run([sys.executable, str(tmp_path / 'script.py'), '0'], tmp_path, server.env,
                       timeout=60).returncode == 0  # the server goes on
 
 
-def test_variables_read_at_start_need_a_real_process(server):
-    assert not server.can_run({**server.env, 'OMP_NUM_THREADS': '2'})
-    assert not server.can_run({**server.env, 'PYTHONHASHSEED': '1'})
-    assert server.can_run({**server.env, 'WANDB_MODE': 'offline', 'PYTHONPATH': '/somewhere'})
+def test_variables_read_at_start_need_a_real_process(server, tmp_path):
+    (tmp_path / 'script.py').write_text('')
+    argv = [sys.executable, str(tmp_path / 'script.py')]
+    assert server.run(argv, tmp_path, {**server.env, 'OMP_NUM_THREADS': '2'}, timeout=60) is None
+    assert server.run(argv, tmp_path, {**server.env, 'PYTHONHASHSEED': '1'}, timeout=60) is None
+    assert server.run(argv, tmp_path, {**server.env, 'WANDB_MODE': 'offline', 'PYTHONPATH': '/somewhere',
+                                       'TORCHELASTIC_RUN_ID': 'none'}, timeout=60).returncode == 0
+
+
+WORKER = """
+import os, signal, sys, time
+import torch.distributed as dist
+rank = int(os.environ['RANK'])
+def stop(signum, frame):
+    sys.stdout.write(f'rank {rank} stopped by signal {signum}\\n')
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+signal.signal(signal.SIGTERM, stop)
+dist.init_process_group('gloo')
+# one write, not flushed: torchrun's workers are unbuffered (print's two writes could interleave with the other rank's)
+sys.stdout.write(f'rank {rank} of {dist.get_world_size()}: {sys.argv[1:]}\\n')
+if rank == 1:
+    open(sys.argv[1], 'w').close()
+    time.sleep(60)  # until torchrun stops it
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+sys.exit(3)
+"""
+
+
+def test_torchrun_workers_run_as_torchruns_own(tmp_path):
+    """Rank 0 fails once rank 1 has printed; torchrun stops rank 1 with SIGTERM, which the worker passes on."""
+    (tmp_path / 'worker.py').write_text(WORKER)
+    words = ['--standalone', '--nproc_per_node=2', 'worker.py', str(tmp_path / 'printed')]
+    served = run_torchrun(*words, cwd=tmp_path, timeout=120)
+    os.remove(tmp_path / 'printed')
+    real = subprocess.run([sys.executable, '-m', 'torch.distributed.run', *words], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env=one_thread_env())
+    assert served.returncode == real.returncode == 1
+    assert sorted(served.stdout.splitlines()) == sorted(real.stdout.splitlines()) == [
+        *(f"rank {rank} of 2: ['{tmp_path / 'printed'}']" for rank in (0, 1)), 'rank 1 stopped by signal 15']
+    exitcodes = [re.findall(r'rank +: (\d).*\n +exitcode +: (\S+)', result.stderr) for result in (served, real)]
+    assert sorted(exitcodes[0]) == sorted(exitcodes[1]) == [('0', '3'), ('1', '-15')]
+
+
+def test_a_torchrun_worker_without_the_server_is_torchruns_own(tmp_path):
+    """No server, or a variable read at start set: `python -u script`, torch not imported beforehand."""
+    (tmp_path / 'script.py').write_text("import sys\nprint('torch' in sys.modules, end='')\nsys.exit(4)\n")
+    worker = [sys.executable, '-S', script_server.__file__, 'worker', 'script.py']
+    for env in ({}, {'OMP_NUM_THREADS': '2', script_server.ADDRESS: running_script_server().address}):
+        result = subprocess.run(worker, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                                env=one_thread_env(env))
+        assert (result.returncode, result.stdout) == (4, 'False')
