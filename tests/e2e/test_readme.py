@@ -2,6 +2,7 @@
 of the repository, as a reader would run them: with tiny-model overrides appended where it would train for long, local
 data written here, and the downloads (Tiny Shakespeare, GPT-2's BPE and weights, HellaSwag) replaced by local stand-ins, since no test
 can reach the network."""
+import itertools
 import json
 import re
 import shlex
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import ROOT, TEXT, one_thread_env, patched_env, run_script, run_torchrun
+from helpers import ROOT, TEXT, patched_env, run_script, run_torchrun
 
 
 # what a command that would run long or reach the network gets appended, by its script
@@ -113,11 +114,9 @@ def test_readme_command_runs_as_written(repository, tmp_path, command):
         pytest.skip(f'{command}: CUDA only')
     env = {**patched_env(tmp_path, STAND_INS), 'WANDB_MODE': 'disabled'}  # nanoGPT's train_gpt2.py logs to wandb
     for words in with_overrides(command):
-        if words[0] == 'python':  # through helpers: the same Python as the tests'
-            result = run_script(*words[1:], cwd=repository, env=env, timeout=600)
-        elif words[0] == 'torchrun':
-            result = run_torchrun(*words[1:], cwd=repository, env=env, timeout=600)
-        else:  # an environment variable set for the command
-            result = subprocess.run(['bash', '-c', shlex.join(words)], cwd=repository, capture_output=True, text=True,
-                                    timeout=600, env=one_thread_env(env))
+        # through helpers, as the tests run scripts, with the variables a command sets (VAR=value python ...)
+        variables = dict(word.split('=', 1) for word in itertools.takewhile(re.compile('[A-Z_]+=').match, words))
+        program, *args = words[len(variables):]
+        run = {'python': run_script, 'torchrun': run_torchrun}[program]
+        result = run(*args, cwd=repository, env={**env, **variables}, timeout=600)
         assert result.returncode == 0, f'{command}\n{result.stderr[-3000:]}'
