@@ -39,6 +39,22 @@ def tiny_gpt(seed=0, **config):
     return GPT(GPTConfig(**{'n_layer': 2, 'n_head': 2, 'n_embd': 16, 'block_size': 16, 'vocab_size': 50, **config}))
 
 
+def loss_inputs(n=300, d=16, v=257, dtype=torch.float32, seed=0):
+    """(hidden, weight, targets) for the chunked loss: n rows of width d, a vocabulary of v; hidden and weight need
+    gradients."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, d, generator=g, dtype=dtype, requires_grad=True)
+    w = torch.randn(v, d, generator=g, dtype=dtype, requires_grad=True)
+    t = torch.randint(0, v, (n,), generator=g)
+    return h, w, t
+
+
+def loss_and_grads(fn, h, w, t):
+    """fn(h, w, t) and its gradients for h and w."""
+    loss = fn(h, w, t)
+    return (loss, *torch.autograd.grad(loss, (h, w)))
+
+
 def softcap_inputs(dtype, n=70, d=16, v=97, seed=0):
     """(hidden, weight, targets) for the soft-capped loss: logits well into tanh's flat part, every 7th target -1."""
     g = torch.Generator().manual_seed(seed)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import model as model_lib
-from helpers import ROOT, softcap_inputs, tiny_gpt
+from model import chunked_cross_entropy
+from helpers import ROOT, loss_and_grads, loss_inputs, softcap_inputs, tiny_gpt
 
 
 @pytest.mark.parametrize('options', [{}, dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2',
@@ -62,3 +63,45 @@ def test_model_py_copied_alone_trains(tmp_path):
     assert result.returncode == 0, result.stderr
     before, after = map(float, result.stdout.split()[-2:])
     assert after < before  # one step of AdamW on the same batch lowers its loss
+
+
+def test_compiled_chunks_match_eager_in_fp32_with_a_short_last_chunk():
+    compiled_loss = torch.compile(chunked_cross_entropy)  # its chunks' softmax runs compiled: _softmax_chunk_fused
+    h, w, t = loss_inputs()
+    t[::5] = -1
+    eager = loss_and_grads(lambda *a: chunked_cross_entropy(*a, chunk_size=7), h, w, t)  # 300 % 7 != 0
+    compiled = loss_and_grads(lambda *a: compiled_loss(*a, chunk_size=7), h, w, t)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        eager = chunked_cross_entropy(h, w, t, chunk_size=7, reduction='none')
+        compiled = compiled_loss(h, w, t, chunk_size=7, reduction='none')
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_chunks_match_eager_under_bf16_and_fp16_autocast():
+    """bf16 logits go into the compiled kernel as they are (upcast inside it); fp16 keeps the unfolded scales."""
+    compiled_loss = torch.compile(chunked_cross_entropy)
+    h, w, t = loss_inputs(n=512, d=32, v=4096)
+    t[::7] = -1
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast("cpu", dtype=dtype):
+            eager = loss_and_grads(lambda *a: chunked_cross_entropy(*a, chunk_size=96), h, w, t)
+            compiled = loss_and_grads(lambda *a: compiled_loss(*a, chunk_size=96), h, w, t)
+        for a, b in zip(eager, compiled):
+            assert b.dtype == a.dtype
+            assert ((b.double() - a.double()).norm() / a.double().norm()).item() < 1e-3
+
+
+def test_compiled_chunk_body_has_no_graph_breaks_and_one_graph_serves_every_chunk_size():
+    h, w, t = loss_inputs()
+    logits = (h @ w.t()).detach()
+    targets = t.unsqueeze(1)
+    valid = torch.ones_like(targets, dtype=torch.bool)
+    explanation = torch._dynamo.explain(model_lib._softmax_chunk_fused)(logits, targets, valid, valid / 300, True, True)
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0
+    compiled = lambda n, chunk: model_lib._chunked_cross_entropy(h[:n], w, t[:n], -1, chunk, 'mean', fused=True)
+    compiled(300, 64).backward()  # compiles (or reuses) the graph for fp32 with gradients
+    with torch.compiler.set_stance('fail_on_recompile'):  # chunks of 64, 64, 22; then 50, 50, 50; then 90 and 7
+        for n, chunk in ((150, 64), (150, 50), (97, 90)):
+            compiled(n, chunk).backward()

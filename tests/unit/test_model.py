@@ -1,4 +1,4 @@
-"""model.py: the chunked loss against the naive reference, the GPT in nanoGPT's shape."""
+"""model.py: the chunked loss against the naive reference, the GPT in nanoGPT's shape (compiled: e2e/test_model.py)."""
 import math
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import model as model_lib
-from helpers import tiny_gpt
+from helpers import loss_and_grads, loss_inputs, tiny_gpt
 from model import GPT, GPTConfig, chunked_cross_entropy
 from training.memory.tracer import MemoryTracer
 
@@ -15,22 +15,9 @@ def naive(h, w, t):
     return F.cross_entropy(h @ w.t(), t, ignore_index=-1)
 
 
-def make(n=300, d=16, v=257, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    h = torch.randn(n, d, generator=g, dtype=dtype, requires_grad=True)
-    w = torch.randn(v, d, generator=g, dtype=dtype, requires_grad=True)
-    t = torch.randint(0, v, (n,), generator=g)
-    return h, w, t
-
-
-def loss_and_grads(fn, h, w, t):
-    loss = fn(h, w, t)
-    return (loss, *torch.autograd.grad(loss, (h, w)))
-
-
 def test_fp64_many_chunks_and_fp32_match_naive():
     for dtype, tol in [(torch.float64, 1e-12), (torch.float32, 1e-5)]:
-        h, w, t = make(dtype=dtype)
+        h, w, t = loss_inputs(dtype=dtype)
         t[::5] = -1
         ref = loss_and_grads(naive, h, w, t)
         ours = loss_and_grads(lambda *a: chunked_cross_entropy(*a, chunk_size=7), h, w, t)  # 300 % 7 != 0
@@ -41,7 +28,7 @@ def test_fp64_many_chunks_and_fp32_match_naive():
 def test_bf16_autocast_with_fp32_master_weights(monkeypatch):
     # the weight gradient in 3 blocks of vocabulary: 257 = 100 + 100 + 57
     monkeypatch.setattr(model_lib, "VOCAB_BLOCK", 100)
-    h, w, t = make()
+    h, w, t = loss_inputs()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ref = loss_and_grads(naive, h, w, t)
         ours = loss_and_grads(lambda *a: chunked_cross_entropy(*a, chunk_size=64), h, w, t)
@@ -54,7 +41,7 @@ def test_fp16_autocast_gradients_do_not_underflow():
     """Per-entry gradients here are about 1 / (n * V) = 5e-7, below fp16's normal range: the softmax must be
     normalized (and 1/n applied) outside the fp16 operands, or the weight gradient loses over 1%. Here the errors
     are about 4e-4, the naive fp16 path's 7e-4."""
-    h, w, t = make(n=512, d=32, v=4096)
+    h, w, t = loss_inputs(n=512, d=32, v=4096)
     with torch.no_grad():
         w.mul_(0.05)  # near-uniform softmax: the sum of exps is close to V
     ref = loss_and_grads(naive, h.double(), w.double(), t)
@@ -65,14 +52,14 @@ def test_fp16_autocast_gradients_do_not_underflow():
 
 
 def test_all_ignored_gives_zero_not_nan():
-    h, w, t = make()
+    h, w, t = loss_inputs()
     loss, gh, gw = loss_and_grads(chunked_cross_entropy, h, w, torch.full_like(t, -1))
     assert loss.item() == 0 and gh.abs().sum() == 0 and gw.abs().sum() == 0
 
 
 def test_upstream_gradient_scales_stored_gradients():
     """loss / k over k micro-batches equals one big batch; a GradScaler-like factor scales the gradients."""
-    h, w, t = make(n=200)
+    h, w, t = loss_inputs(n=200)
     full = loss_and_grads(naive, h, w, t)
     for rows in (slice(0, 100), slice(100, 200)):
         (chunked_cross_entropy(h[rows], w, t[rows], chunk_size=30) / 2 * 1024.0).backward()
@@ -82,7 +69,7 @@ def test_upstream_gradient_scales_stored_gradients():
 
 
 def test_no_grad_computes_loss_only():
-    h, w, t = make()
+    h, w, t = loss_inputs()
     with torch.no_grad():
         loss = chunked_cross_entropy(h, w, t)
     assert loss.grad_fn is None
@@ -91,7 +78,7 @@ def test_no_grad_computes_loss_only():
 
 def test_reduction_none_matches_naive_per_row_losses():
     for dtype, tol in [(torch.float64, 1e-12), (torch.float32, 1e-5)]:
-        h, w, t = make(dtype=dtype)
+        h, w, t = loss_inputs(dtype=dtype)
         t[::5] = -1
         with torch.no_grad():
             ours = chunked_cross_entropy(h, w, t, chunk_size=7, reduction='none')
@@ -102,7 +89,7 @@ def test_reduction_none_matches_naive_per_row_losses():
 
 
 def test_reduction_none_under_bf16_autocast_and_all_ignored():
-    h, w, t = make()
+    h, w, t = loss_inputs()
     t[1::3] = -1
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         ours = chunked_cross_entropy(h, w, t, chunk_size=64, reduction='none')
@@ -114,54 +101,11 @@ def test_reduction_none_under_bf16_autocast_and_all_ignored():
 
 
 def test_reduction_none_refuses_gradients_and_unknown_reductions():
-    h, w, t = make()
+    h, w, t = loss_inputs()
     with pytest.raises(RuntimeError, match='no gradients'):
         chunked_cross_entropy(h, w, t, reduction='none')
     with pytest.raises(ValueError, match="'sum'"):
         chunked_cross_entropy(h, w, t, reduction='sum')
-
-
-compiled_loss = torch.compile(chunked_cross_entropy)  # its chunks' softmax runs compiled: _softmax_chunk_fused
-
-
-def test_compiled_chunks_match_eager_in_fp32_with_a_short_last_chunk():
-    h, w, t = make()
-    t[::5] = -1
-    eager = loss_and_grads(lambda *a: chunked_cross_entropy(*a, chunk_size=7), h, w, t)  # 300 % 7 != 0
-    compiled = loss_and_grads(lambda *a: compiled_loss(*a, chunk_size=7), h, w, t)
-    for a, b in zip(eager, compiled):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
-    with torch.no_grad():
-        eager = chunked_cross_entropy(h, w, t, chunk_size=7, reduction='none')
-        compiled = compiled_loss(h, w, t, chunk_size=7, reduction='none')
-    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
-
-
-def test_compiled_chunks_match_eager_under_bf16_and_fp16_autocast():
-    """bf16 logits go into the compiled kernel as they are (upcast inside it); fp16 keeps the unfolded scales."""
-    h, w, t = make(n=512, d=32, v=4096)
-    t[::7] = -1
-    for dtype in (torch.bfloat16, torch.float16):
-        with torch.autocast("cpu", dtype=dtype):
-            eager = loss_and_grads(lambda *a: chunked_cross_entropy(*a, chunk_size=96), h, w, t)
-            compiled = loss_and_grads(lambda *a: compiled_loss(*a, chunk_size=96), h, w, t)
-        for a, b in zip(eager, compiled):
-            assert b.dtype == a.dtype
-            assert ((b.double() - a.double()).norm() / a.double().norm()).item() < 1e-3
-
-
-def test_compiled_chunk_body_has_no_graph_breaks_and_one_graph_serves_every_chunk_size():
-    h, w, t = make()
-    logits = (h @ w.t()).detach()
-    targets = t.unsqueeze(1)
-    valid = torch.ones_like(targets, dtype=torch.bool)
-    explanation = torch._dynamo.explain(model_lib._softmax_chunk_fused)(logits, targets, valid, valid / 300, True, True)
-    assert explanation.graph_count == 1 and explanation.graph_break_count == 0
-    compiled = lambda n, chunk: model_lib._chunked_cross_entropy(h[:n], w, t[:n], -1, chunk, 'mean', fused=True)
-    compiled(300, 64).backward()  # compiles (or reuses) the graph for fp32 with gradients
-    with torch.compiler.set_stance('fail_on_recompile'):  # chunks of 64, 64, 22; then 50, 50, 50; then 90 and 7
-        for n, chunk in ((150, 64), (150, 50), (97, 90)):
-            compiled(n, chunk).backward()
 
 
 def largest_tensor(tracker):
@@ -170,7 +114,7 @@ def largest_tensor(tracker):
 
 
 def test_no_tensor_near_n_by_v_in_forward_and_backward():
-    h, w, t = make(n=4096, d=32, v=4096)
+    h, w, t = loss_inputs(n=4096, d=32, v=4096)
     with MemoryTracer(alignment=1, existing=(h, w, t)) as tracker:
         chunked_cross_entropy(h, w, t, chunk_size=256).backward()
     assert largest_tensor(tracker) < 4096 * 4096 // 2
@@ -178,7 +122,7 @@ def test_no_tensor_near_n_by_v_in_forward_and_backward():
 
 def test_backward_scales_the_saved_gradients_in_place():
     """No second copy of the (V, d) weight gradient in backward: the upstream factor is applied in place."""
-    h, w, t = make(n=512, d=32, v=4096)
+    h, w, t = loss_inputs(n=512, d=32, v=4096)
     with MemoryTracer(alignment=1, existing=(h, w, t)) as tracker:
         loss = chunked_cross_entropy(h, w, t, chunk_size=64) / 4
         tracker.reset_peak()  # from here on, what backward allocates
@@ -190,7 +134,7 @@ def test_backward_scales_the_saved_gradients_in_place():
 
 
 def test_retained_graph_gives_the_right_gradients_each_backward():
-    h, w, t = make()
+    h, w, t = loss_inputs()
     ref = loss_and_grads(naive, h, w, t)
     loss = chunked_cross_entropy(h, w, t, chunk_size=64)
     for factor in (3.0, 5.0, 1.0):

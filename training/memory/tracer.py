@@ -6,6 +6,7 @@ CUDA caching allocator would count them.
 import weakref
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
@@ -180,6 +181,9 @@ class MemoryTracer(TorchDispatchMode):
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.prim.device.default and isinstance(args[0], FakeTensor):
+            # most ops of a step are a tensor's .device, which allocates nothing: answered as FakeTensorMode would
+            return torch.device('meta') if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
         out = func(*args, **(kwargs or {}))
         category = self._category()
         if category in ('activations', 'loss_path') and self._is_weight_cast(func, args):
