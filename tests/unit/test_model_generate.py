@@ -3,7 +3,6 @@ position within block_size runs through the model once."""
 import pytest
 import torch
 
-import gpt2_model_reference
 import model as model_lib
 from helpers import tiny_gpt
 from model import KVCache
@@ -38,6 +37,7 @@ def large_weights_gpt(**options):
 def nanogpt_generate(model, idx, max_new_tokens, temperature=1.0, top_k=None):
     """nanoGPT's GPT.generate (tests/gpt2_model_reference.py's, unchanged) on `model`: the whole (cropped) sequence
     runs again for each token."""
+    import gpt2_model_reference  # here, not at collection: it compiles a function at import (torch's compiler)
     return gpt2_model_reference.GPT.generate(model, idx, max_new_tokens, temperature=temperature, top_k=top_k)
 
 
