@@ -127,8 +127,9 @@ def run_child(connection, own_env):
     while not received.endswith(b'\n'):
         received += connection.recv(65536)
     run = json.loads(received)
-    if read_at_start_differences(run['env'], own_env):
-        connection.sendall(json.dumps({'refused': read_at_start_differences(run['env'], own_env)}).encode() + b'\n')
+    refused = read_at_start_differences(run['env'], own_env)
+    if refused:
+        connection.sendall(json.dumps({'refused': refused}).encode() + b'\n')
         os._exit(0)
     pid = os.fork()
     if pid == 0:
