@@ -346,14 +346,16 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx, targets=None, reduction='mean', cache=None):
+    def forward(self, idx, targets=None, reduction='mean', cache=None, attn_window=None):
         """Returns (logits, loss).
         With targets: (None, loss). loss is the mean cross-entropy over targets != -1, computed by
         chunked_cross_entropy without building the (B, T, vocab) logits; nanoGPT returned those logits here,
         and no caller of the training or evaluation loss uses them. Call with targets=None for logits.
         reduction='none' (no gradients) gives the (B, T) losses of each position instead, 0 where targets are -1.
         Without targets: (logits of the last position, shape (B, 1, vocab), None), as nanoGPT does.
-        cache (a KVCache, for inference): idx are the tokens that follow the cache.length ones already in it."""
+        cache (a KVCache, for inference): idx are the tokens that follow the cache.length ones already in it.
+        attn_window: this call's sliding window, for a window that grows over training (train.py's
+        attn_window_warmup_iters); None: config.attn_window's."""
         device = idx.device
         b, t = idx.size()
         offset = 0 if cache is None else cache.length
@@ -369,7 +371,8 @@ class GPT(nn.Module):
         else: # pos_emb='rope': the positions are rotations of each attention's queries and keys
             rotary = rotary_cos_sin(pos, self.config.n_embd // self.config.n_head)
             x = self.transformer.drop(tok_emb)
-        mask = self.attention_mask(idx, pos, cache)
+        window = self.config.attn_window if attn_window is None else attn_window
+        mask = self.attention_mask(idx, pos, cache, window)
         x0 = x if self.config.x0_shortcut else None # the embedding, which x0_shortcut mixes into every block's input
         # value_embeds: each table's rows for the tokens, looked up once for its two blocks
         tables = [table(idx) for table in self.transformer.value_embeds or ()]
@@ -406,12 +409,12 @@ class GPT(nn.Module):
             logits = softcap * torch.tanh(logits / softcap)
         return logits, None
 
-    def attention_mask(self, idx, pos, cache):
-        """What attn_window and doc_token let each position see, for CausalSelfAttention, built once for all layers:
-        None (GPT-2's causal attention); the kernel, document_segments' and the window, for document_attention; a
-        bool mask (B, 1, t, keys); or with attn_window and no cache, a mask per block of attn_window queries (B,
-        n_blocks, 1, w, 2w) for blocked_attention."""
-        window, doc_token = self.config.attn_window, self.config.doc_token
+    def attention_mask(self, idx, pos, cache, window):
+        """What the sliding `window` (forward's attn_window) and doc_token let each position see, for
+        CausalSelfAttention, built once for all layers: None (GPT-2's causal attention); the kernel, document_segments'
+        and the window, for document_attention; a bool mask (B, 1, t, keys); or with a window and no cache, a mask per
+        block of `window` queries (B, n_blocks, 1, w, 2w) for blocked_attention."""
+        doc_token = self.config.doc_token
         b, t = idx.size()
         if doc_token < 0 and not (window and (0 if cache is None else cache.length) + t > window):
             return None # nothing but causality restricts attention here
@@ -540,14 +543,16 @@ class GPT(nn.Module):
 
         return optimizer
 
-    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised=312e12):
-        """ estimate model flops utilization (MFU) in units of the device's peak FLOPS (nanoGPT's: an A100's bf16) """
+    def estimate_mfu(self, fwdbwd_per_iter, dt, flops_promised=312e12, attn_window=None):
+        """ estimate model flops utilization (MFU) in units of the device's peak FLOPS (nanoGPT's: an A100's bf16);
+        attn_window: the window the iteration ran with, as forward's (None: config.attn_window) """
         # first estimate the number of flops we do per iteration.
         # see PaLM paper Appendix B as ref: https://arxiv.org/abs/2204.02311
         N = self.get_num_params()
         cfg = self.config
         L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd//cfg.n_head, cfg.block_size
-        span = min(cfg.attn_window or T, T) # the positions each one attends to (attn_window: its window)
+        window = cfg.attn_window if attn_window is None else attn_window
+        span = min(window or T, T) # the positions each one attends to (a sliding window: its window)
         flops_per_token = 6*N + 12*L*H*Q*span
         flops_per_fwdbwd = flops_per_token * T
         flops_per_iter = flops_per_fwdbwd * fwdbwd_per_iter

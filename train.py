@@ -54,7 +54,7 @@ from training.optim import build_optimizer, group_lr, muon_momentum_at
 from training.paths import check_writable_dir
 from training.parallel import (collective_failure, exit_with_launcher, fsdp_param_dtype, full_state_dicts,
                                set_gradient_sync, shard_model, shard_optimizer_state)
-from training.schedule import scheduled_lr
+from training.schedule import attn_window_at, scheduled_lr
 
 install_handler() # bad input, found anywhere below, ends the run with one line and exit status 2 (training/errors.py)
 if int(os.environ.get('RANK', 0)) != 0:
@@ -104,6 +104,8 @@ value_embeds = 0 # k > 0: k value-embedding tables, each shared by a block of th
 unet_skips = False # add the first n_layer // 2 blocks' outputs to the mirrored later blocks' inputs, learned weights
 x0_shortcut = False # mix the embedding into every block's input, learned weights
 attn_window = 0 # > 0: each position attends to at most this many positions up to itself (sliding window); 0 = all
+attn_window_warmup_iters = 0 # > 0: the window grows from attn_window_warmup_start to attn_window over these iters
+attn_window_warmup_start = 64 # the window's first size, and its step as it grows (modded-nanogpt: 64 up to 1,792)
 doc_token = -1 # >= 0: a document starts at each of these tokens (GPT-2's <|endoftext|>: 50256); attention stays in one
 activation_checkpointing = False # recompute each block in backward: much less activation memory, one more forward
 autocast_cache = False # keep autocast's low-precision copy of every weight through each forward (torch's default)
@@ -294,9 +296,16 @@ if init_from == 'resume':
     restore_training_state(checkpoint, optimizer, scaler, config, ddp_rank, ddp_world_size, device)
 checkpoint = None # free up memory
 
+def window_at(it):
+    """The sliding window of iteration `it`: attn_window, or on its way there with attn_window_warmup_iters."""
+    return attn_window_at(it, raw_model.config.attn_window, attn_window_warmup_start, attn_window_warmup_iters)
+
 # compile the model
 if compile:
     print("compiling the model... (takes a ~minute)")
+    if attn_window_warmup_iters: # a window size is a shape of the masked attention: each may compile the model anew,
+        sizes = {window_at(it) for it in range(attn_window_warmup_iters + 1)} # in training and in evaluation
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * len(sizes) + 2)
     model = torch.compile(model) # requires PyTorch 2.0
 
 # wrap model into DDP container (fsdp's sharding is done: before the optimizer, which must see the shards)
@@ -320,7 +329,7 @@ def estimate_loss(it):
         for start in range(ddp_rank * share, (ddp_rank + 1) * share, rows):
             X, Y = windows(data, offsets[start:min(start + rows, (ddp_rank + 1) * share)])
             with ctx:
-                logits, loss = model(X, Y)
+                logits, loss = model(X, Y, attn_window=window_at(it))
             loss_sum += loss.float() * len(X) # every window has block_size targets: weight by rows
         if ddp:
             dist.all_reduce(loss_sum)
@@ -396,6 +405,7 @@ while True:
 
     # determine and set the learning rate for this iteration
     lr = scheduled_lr(iter_num, config) if decay_lr else learning_rate # lr_schedule's: nanoGPT's cosine or wsd
+    window = window_at(iter_num) # and the sliding window's size, during its warmup
     for param_group in optimizer.param_groups:
         param_group['lr'] = group_lr(param_group, lr, config) # optim='muon': its groups' lr in proportion
         if param_group.get('muon'): # and Muon's momentum warmup
@@ -452,7 +462,7 @@ while True:
             set_gradient_sync(raw_model if parallelism == 'fsdp' else model, parallelism,
                               micro_step == gradient_accumulation_steps - 1)
         with ctx:
-            logits, loss = model(X, Y) # logits is None: the model never builds them when given targets
+            logits, loss = model(X, Y, attn_window=window) # logits is None: never built when given targets
             loss = loss / gradient_accumulation_steps # scale the loss to account for gradient accumulation
         loss_sum += loss.detach()
         # immediately async prefetch next batch while model is doing the forward pass on the GPU
@@ -482,7 +492,7 @@ while True:
         if not math.isfinite(lossf):
             fail_not_finite('the training loss', lossf)
         if local_iter_num >= 5 and device_peak is not None: # let the training loop settle a bit
-            mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, device_peak[0])
+            mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, device_peak[0], window)
             running_mfu = mfu if running_mfu == -1.0 else 0.9*running_mfu + 0.1*mfu
         seconds_per_iter = (t1 - t_start) / (local_iter_num + 1)
         eta = datetime.timedelta(seconds=round(max(max_iters - iter_num, 0) * seconds_per_iter))

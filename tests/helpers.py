@@ -90,10 +90,12 @@ def train_steps(model, optimizers, steps, first=0, scaler=None):
 
 
 # every modern architecture option of GPTConfig (model.py) on, as train.py keys; the window is shorter than
-# TINY_ARGS' block_size (attention in blocks), and token 0 (a character dataset's newline) starts each document
+# TINY_ARGS' block_size (attention in blocks), grows to it from 2 over the first 6 iterations (2, 2, 4, 4, 6, 6, 8),
+# and token 0 (a character dataset's newline) starts each document
 MODERN_ARCH_ARGS = ['--pos_emb=rope', '--norm=rmsnorm', '--qk_norm=True', '--mlp=relu2', '--tie_weights=False',
                     '--zero_init_proj=True', '--logit_softcap=15.0', '--value_embeds=1', '--unet_skips=True',
-                    '--x0_shortcut=True', '--attn_window=8', '--doc_token=0']
+                    '--x0_shortcut=True', '--attn_window=8', '--attn_window_warmup_iters=6',
+                    '--attn_window_warmup_start=2', '--doc_token=0']
 # and the optimizer and schedule of the recipe: Muon, its momentum warmup, per-group learning rates, wsd
 MODERN_RECIPE_ARGS = [*MODERN_ARCH_ARGS, '--optim=muon', '--muon_momentum_warmup_iters=4', '--lr_schedule=wsd',
                       '--embedding_learning_rate=0.05', '--head_learning_rate=0.004']

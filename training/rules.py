@@ -42,6 +42,7 @@ def check_config(config, world_size, device_type):
         raise ConfigError(f"dropout is a probability in [0, 1), got {config['dropout']}: e.g. --dropout=0.1")
     optim.check_config(config, world_size)  # before the split over processes: optimizer_in_backward's explains it
     check_schedule(config)
+    check_window_warmup(config)
     if config['gradient_accumulation_steps'] % world_size != 0:
         raise ConfigError(f"gradient_accumulation_steps={config['gradient_accumulation_steps']} is not divisible by "
                           f"the {world_size} processes (each runs an equal share): use a multiple of {world_size}")
@@ -82,6 +83,21 @@ def check_schedule(config):
         raise ConfigError(f"min_lr={config['min_lr']} is above learning_rate={config['learning_rate']}: the decay "
                           f"would raise the rate after warmup; use --min_lr={config['learning_rate'] / 10:g} "
                           f"(learning_rate/10) or --decay_lr=False")
+
+
+def check_window_warmup(config):
+    """ConfigError for a sliding window warmup (training.schedule.attn_window_at) that has no window to grow to."""
+    iters, start, window = config['attn_window_warmup_iters'], config['attn_window_warmup_start'], config['attn_window']
+    if iters < 0:
+        raise ConfigError(f"attn_window_warmup_iters must be 0 (off) or more, got {iters}: e.g. "
+                          f"--attn_window_warmup_iters={config['max_iters']} (the whole run)")
+    if iters and window <= 0:
+        raise ConfigError(f"attn_window_warmup_iters={iters} grows the sliding window to attn_window, but "
+                          f"attn_window={window} has none: set --attn_window (e.g. 1024), or "
+                          f"--attn_window_warmup_iters=0")
+    if iters and not 1 <= start <= window:
+        raise ConfigError(f"attn_window_warmup_start={start} must be from 1 to attn_window={window}: the window's "
+                          f"first size and its step, e.g. --attn_window_warmup_start={max(1, window // 16)}")
 
 
 def check_architecture(config):

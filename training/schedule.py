@@ -1,4 +1,5 @@
-"""The learning rate schedules: nanoGPT's (linear warmup, cosine decay, then a floor), and warmup-stable-decay."""
+"""The learning rate schedules: nanoGPT's (linear warmup, cosine decay, then a floor), and warmup-stable-decay; the
+sliding window's warmup."""
 import math
 
 
@@ -40,3 +41,14 @@ def scheduled_lr(it, config):
         return wsd_lr(it, config['learning_rate'], config['min_lr'], config['warmup_iters'], config['lr_decay_iters'],
                       config['cooldown_frac'])
     return cosine_lr(it, config['learning_rate'], config['min_lr'], config['warmup_iters'], config['lr_decay_iters'])
+
+
+def attn_window_at(it, attn_window, start, warmup_iters):
+    """The sliding window of iteration `it` under a window warmup (train.py's attn_window_warmup_iters > 0): `start`
+    positions at the first iteration, growing linearly to attn_window at warmup_iters, in whole multiples of `start`;
+    attn_window from then on. modded-nanogpt's record of 24 Nov 2024 grew its window from 64 to 1,792 over the whole
+    run: early in training short context serves as well, and costs less."""
+    if it >= warmup_iters:
+        return attn_window
+    grown = start + it / warmup_iters * (attn_window - start)
+    return min(attn_window, start * int(grown // start))

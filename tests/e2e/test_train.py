@@ -84,6 +84,21 @@ def test_modern_architecture_trains_with_each_lever(tmp_path, data_dir, levers):
     assert saved['model_args']['pos_emb'] == 'rope'
 
 
+def test_window_warmup_trains_and_evaluates_with_the_window_of_the_iteration(tmp_path, data_dir):
+    """Iterations 0 and 1 of a warmup from 2 over 100 iterations have a window of 2: their training losses and the
+    evaluation at 0 are those of attn_window=2 throughout, not of the attn_window=8 the window grows to."""
+    args = [*MODERN_ARCH_ARGS, '--zero_init_proj=False', '--max_iters=1', '--eval_interval=1']  # attention from 0
+    runs = {name: train(data_dir, tmp_path / name, *args, *extra) for name, extra in [
+        ('warmup', ['--attn_window_warmup_iters=100']), ('narrow', ['--attn_window=2', '--attn_window_warmup_iters=0']),
+        ('wide', ['--attn_window_warmup_iters=0'])]}
+    for result in runs.values():
+        assert result.returncode == 0, result.stderr
+    train_losses = {name: logged_losses(result.stdout) for name, result in runs.items()}
+    val_losses = {name: logged_losses(result.stdout, 'step')[0] for name, result in runs.items()}
+    assert train_losses['warmup'] == train_losses['narrow'] != train_losses['wide']
+    assert val_losses['warmup'] == val_losses['narrow'] != val_losses['wide']
+
+
 def test_kill_during_training_then_resume(tmp_path, data_dir):
     out_dir = tmp_path / 'out'
     process = subprocess.Popen([sys.executable, 'train.py', *TINY_ARGS, f'--data_dir={data_dir}',

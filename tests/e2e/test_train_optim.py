@@ -84,8 +84,10 @@ def test_train_resumes_exactly_and_refuses_another_optim(data_dir, tmp_path):
 
 
 def test_train_under_compile_as_eager(data_dir, tmp_path):
-    """Muon, and attention in blocks of a window within documents (token 0, the newline, starts one)."""
-    args = ['--max_iters=4', '--eval_interval=4', '--pos_emb=rope', '--attn_window=8', '--doc_token=0']
+    """Muon, and attention in blocks of a window within documents (token 0, the newline, starts one), the window
+    growing from 4 to 8 (a new shape for the compiled model, in training and evaluation)."""
+    args = ['--max_iters=4', '--eval_interval=4', '--pos_emb=rope', '--attn_window=8', '--doc_token=0',
+            '--attn_window_warmup_iters=2', '--attn_window_warmup_start=4']
     eager = train(data_dir, tmp_path / 'eager', '--optim=muon', *args)
     compiled = train(data_dir, tmp_path / 'compiled', '--optim=muon', *args, '--compile=True')
     assert eager.returncode == 0 and compiled.returncode == 0, compiled.stderr

@@ -32,10 +32,10 @@ def reference_module():
     return module
 
 
-def loss_and_gradients(model, x, y):
+def loss_and_gradients(model, x, y, **forward_args):
     """(loss, [each parameter's gradient]) of one forward-backward from zero gradients."""
     model.zero_grad()
-    _, loss = model(x, y)
+    _, loss = model(x, y, **forward_args)
     loss.backward()
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
@@ -319,7 +319,7 @@ def test_attention_in_blocks_is_attention_under_the_dense_mask(t, window, doc_to
     docs = (x == doc_token).cumsum(1) if doc_token >= 0 else torch.zeros_like(x)
     dense = local_attention_mask(pos, pos, window, docs, docs).unsqueeze(1)
     blocked = loss_and_gradients(model, x, y)
-    model.attention_mask = lambda idx, pos, cache: dense
+    model.attention_mask = lambda idx, pos, cache, window: dense
     torch.testing.assert_close(blocked, loss_and_gradients(model, x, y))
 
 
@@ -366,6 +366,21 @@ def test_document_attention_passes_flash_attentions_kernel_the_documents_and_win
     torch.testing.assert_close(blocked, loss_and_gradients(model, x, y))
 
 
+@pytest.mark.parametrize('kernel', ['blocks', 'varlen'])
+def test_a_calls_attn_window_is_the_model_built_with_that_window(monkeypatch, kernel):
+    """A window warmup's window of the moment (forward's attn_window) gives the loss and gradients of the same weights
+    built with that attn_window, in blocked_attention and through FlashAttention's kernel (as documented, on a CPU)."""
+    if kernel == 'varlen':
+        monkeypatch.setattr(GPT, 'varlen_kernel', lambda self, idx: varlen_attn_on_a_cpu)
+    torch.manual_seed(0)
+    wide, narrow = (GPT(GPTConfig(**SHAPE, pos_emb='rope', attn_window=window, doc_token=3)).double()
+                    for window in (8, 3))
+    narrow.load_state_dict(wide.state_dict())
+    x, y = tokens_with_documents((3, 16), 1, every=9), torch.randint(0, 50, (3, 16))
+    torch.testing.assert_close(loss_and_gradients(wide, x, y, attn_window=3), loss_and_gradients(narrow, x, y))
+    assert loss_and_gradients(wide, x, y)[0] != loss_and_gradients(narrow, x, y)[0]  # None: the model's own 8
+
+
 def test_flash_attentions_kernel_runs_where_it_can():
     """CUDA (or varlen_attention=True, as the estimator traces), bf16 or fp16 by autocast or weights, no dropout."""
     kernel = model_lib.flash_varlen_attn()
@@ -392,3 +407,4 @@ def test_mfu_counts_attention_over_the_window():
     short, packed, dense = (GPT(GPTConfig(**shape, block_size=block, attn_window=window))
                             for block, window in [(64, 0), (256, 64), (256, 0)])
     assert short.estimate_mfu(4, 1.0) == packed.estimate_mfu(1, 1.0) < dense.estimate_mfu(1, 1.0)
+    assert dense.estimate_mfu(1, 1.0, attn_window=64) == packed.estimate_mfu(1, 1.0)  # a window warmup's window

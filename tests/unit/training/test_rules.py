@@ -123,6 +123,13 @@ def test_model_args_of_a_gpt2_architecture_are_nanogpts_and_modern_keys_are_reco
     ({'unet_skips': True, 'n_layer': 1}, 'n_layer=1 has no pair: use --n_layer=2 or more, or --unet_skips=False'),
     ({'init_from': 'gpt2', 'x0_shortcut': True}, "which x0_shortcut=True changes: drop --x0_shortcut"),
     ({'attn_window': -1}, 'attn_window is a number of positions, 0 (the whole block) or more, got -1'),
+    ({'attn_window': 8, 'attn_window_warmup_iters': -1}, 'attn_window_warmup_iters must be 0 (off) or more, got -1'),
+    ({'attn_window_warmup_iters': 100}, 'attn_window_warmup_iters=100 grows the sliding window to attn_window, but '
+                                        'attn_window=0 has none: set --attn_window'),
+    ({'attn_window': 8, 'attn_window_warmup_iters': 100}, 'attn_window_warmup_start=64 must be from 1 to '
+                                                          'attn_window=8: the window\'s first size and its step, '
+                                                          'e.g. --attn_window_warmup_start=1'),
+    ({'attn_window': 8, 'attn_window_warmup_iters': 100, 'attn_window_warmup_start': 0}, 'must be from 1 to'),
     ({'embedding_learning_rate': 0.3}, "embedding_learning_rate=0.3 sets a parameter group of optim='muon'"),
     ({'optim': 'muon', 'muon_momentum_warmup_iters': -1}, 'muon_momentum_warmup_iters must be 0 or more'),
     ({'lr_schedule': 'linear'}, "unknown lr_schedule 'linear': use 'cosine' or 'wsd'"),

@@ -1,9 +1,9 @@
-"""training/schedule.py: the learning rate schedules, cosine as nanoGPT's and wsd."""
+"""training/schedule.py: the learning rate schedules, cosine as nanoGPT's and wsd; the sliding window's warmup."""
 import math
 
 import pytest
 
-from training.schedule import cosine_lr, wsd_lr
+from training.schedule import attn_window_at, cosine_lr, wsd_lr
 
 
 def nanogpt_get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters):
@@ -31,3 +31,18 @@ def test_wsd_warms_up_as_cosine_holds_then_decays_linearly_to_min_lr():
     assert lrs[7:] == pytest.approx([1.0, 0.7, 0.4, 0.1, 0.1])  # linear from iter 7 to min_lr at 10, then held
     # a cooldown longer than what follows the warmup starts right after it
     assert [wsd_lr(it, 1.0, 0.0, 4, 8, 1.0) for it in (3, 4, 6, 8)] == pytest.approx([0.8, 1.0, 0.5, 0.0])
+
+
+def test_window_warmup_is_modded_nanogpts_and_reaches_attn_window():
+    """The record of 24 Nov 2024: 64 * ((step / 1750 * (1792 - 64) + 64) // 64) at each of its 1,750 steps."""
+    windows = [attn_window_at(it, 1792, 64, 1750) for it in range(1800)]
+    assert windows[:1751] == [64 * int((it / 1750 * (1792 - 64) + 64) // 64) for it in range(1751)]
+    assert windows[0] == 64 and windows[1750:] == [1792] * 50
+    assert all(w % 64 == 0 for w in windows) and windows == sorted(windows) and len(set(windows)) == 28
+    # a start that does not divide attn_window: multiples of it on the way, attn_window at the end
+    assert [attn_window_at(it, 10, 4, 4) for it in range(6)] == [4, 4, 4, 8, 10, 10]  # 4 + it / 4 * 6, floored
+
+
+def test_without_window_warmup_the_window_is_attn_window():
+    assert [attn_window_at(it, 1024, 64, 0) for it in (0, 1, 1000)] == [1024] * 3
+    assert attn_window_at(0, 0, 64, 0) == 0  # no window: GPT-2's attention over the block
