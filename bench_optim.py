@@ -14,9 +14,10 @@ $ python bench_optim.py --runs=adamw,autocast_cache --dtype=bfloat16 --activatio
 The modern recipe against nanoGPT's (docs/recipe.md): 'baseline' is nanoGPT's GPT-2 architecture, AdamW and cosine
 schedule; 'recipe' is RECIPE (modern architecture, Muon, warmup-stable-decay); 'recipe-X' is the recipe without its
 component X (recipe.ABLATIONS), 'recipe+X' with the component X it left out (recipe.DROPPED); --runs=ablation runs
-all of them. 'recipe+documents' and 'recipe+packed' (recipe.LAYOUTS) attend within the documents eot_token separates,
-the second over sequences 4 blocks long windowed at block_size: the same tokens a step and the same validation
-tokens, as every run then reads rows of 4 blocks and splits them into its own sequences. With several --seeds (each
+all of them. 'recipe+documents', 'recipe+packed' and 'recipe+window_warmup' (recipe.LAYOUTS) attend within the
+documents eot_token separates, the second and third over sequences 4 blocks long windowed at block_size (the third's
+window growing to it over the run): the same tokens a step and the same validation tokens, as every run then reads
+rows of 4 blocks and splits them into its own sequences. With several --seeds (each
 its own initial weights, batches and validation windows) the curves are means over the seeds, and the summary gives
 each run's final val loss and the step at which it first reaches the first run's final val loss, seed by seed.
 $ python bench_optim.py --dataset=shakespeare_char --runs=ablation --seeds=1,2
@@ -38,7 +39,7 @@ from training import recipe, rules
 from training.device import TORCH_DTYPES
 from training.errors import ConfigError, install_handler
 from training.optim import build_optimizer, check_config, group_lr, muon_matrices, muon_momentum_at
-from training.schedule import scheduled_lr
+from training.schedule import attn_window_at, scheduled_lr
 
 install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
 
@@ -69,6 +70,8 @@ grad_clip = 1.0
 warmup_iters = 10
 lr_decay_iters = 200
 min_lr = 1e-4
+attn_window_warmup_iters = 0 # the window warmup of the runs that do not set their own ('recipe+window_warmup' does)
+attn_window_warmup_start = 64
 lr_schedule = 'cosine' # of the runs that do not set their own ('baseline': cosine, 'recipe': wsd)
 cooldown_frac = 0.2 # lr_schedule='wsd'
 dtype = 'float32' # 'bfloat16': every run under bf16 autocast, as train.py's dtype (the bf16-weight runs need it)
@@ -110,6 +113,7 @@ if config['batch_size'] * config['block_size'] % span:
 for keys in keys_by_run.values():
     check_config(keys, 1)
     rules.check_architecture(keys)
+    rules.check_window_warmup(keys)
 rules.check_dataset({**config, 'block_size': span})
 meta_vocab = rules.meta_vocab_size(config)
 vocab_size = meta_vocab or rules.DEFAULT_VOCAB_SIZE
@@ -127,10 +131,11 @@ def windows(split, generator):
 
 
 @torch.no_grad()
-def val_loss(model, batches, ctx):
+def val_loss(model, batches, ctx, window):
     model.eval()
     with ctx:
-        losses = [model(*(t.view(-1, model.config.block_size) for t in batch))[1].item() for batch in batches]
+        losses = [model(*(t.view(-1, model.config.block_size) for t in batch), attn_window=window)[1].item()
+                  for batch in batches]
     model.train()
     return sum(losses) / len(losses)
 
@@ -162,8 +167,10 @@ def train(run, seed, val_batches):
     model, optimizer, ctx, keys = build(run, seed)
     curve, seconds = {}, 0.0
     for it in range(max_iters + 1):
+        window = attn_window_at(it, keys['attn_window'], keys['attn_window_warmup_start'],
+                                keys['attn_window_warmup_iters']) # as train.py's, in training and evaluation
         if it % eval_interval == 0 or it == max_iters:
-            curve[it] = val_loss(model, val_batches, ctx)
+            curve[it] = val_loss(model, val_batches, ctx, window)
             print(f'{run} seed {seed} step {it}: val loss {curve[it]:.4f}', flush=True)
         if it == max_iters:
             break
@@ -175,7 +182,7 @@ def train(run, seed, val_batches):
                 group['momentum'] = muon_momentum_at(it, keys)
         x, y = (t.view(-1, keys['block_size']) for t in windows('train', np.random.default_rng((seed, 0, it))))
         with ctx:
-            _, loss = model(x, y)
+            _, loss = model(x, y, attn_window=window)
         loss.backward()
         if grad_clip != 0.0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)

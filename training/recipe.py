@@ -22,9 +22,14 @@ ABLATIONS = {'rope': {'pos_emb': 'learned'}, 'rmsnorm': {'norm': 'layernorm'}, '
 DROPPED = {'zero_init': {'zero_init_proj': True}, 'x0_shortcut': {'x0_shortcut': True}}
 # Attention over packed documents, as modded-nanogpt's 64K-token records: 'documents' keeps each position within its
 # document (config's eot_token starts one: doc_token); 'packed' also makes the sequences PACK blocks long, with rows
-# PACK times fewer (the same tokens a step) and attention windowed at the block: every position sees a whole window
+# PACK times fewer (the same tokens a step) and attention windowed at the block: every position sees a whole window;
+# 'window_warmup' grows that window over the whole run from a sixteenth of the block, in steps of that size, and
+# 'window_warmup_long' to 7/4 of the block, as modded-nanogpt's record of 24 Nov 2024 grew its window from 64 to 1,792
+# tokens where the record before it had 1,024 throughout
 PACK = 4
-LAYOUTS = {'documents': {'documents': True}, 'packed': {'documents': True, 'pack': PACK}}
+LAYOUTS = {'documents': {'documents': True}, 'packed': {'documents': True, 'pack': PACK},
+           'window_warmup': {'documents': True, 'pack': PACK, 'window_warmup': 1},
+           'window_warmup_long': {'documents': True, 'pack': PACK, 'window_warmup': 7 / 4}}
 RUNS = {'baseline': BASELINE, 'recipe': RECIPE,
         **{f'recipe-{component}': {**RECIPE, **change} for component, change in ABLATIONS.items()},
         **{f'recipe+{component}': {**RECIPE, **change} for component, change in {**DROPPED, **LAYOUTS}.items()}}
@@ -34,16 +39,20 @@ def run_keys(run, config):
     """train.py's keys of `run` (a dict of keys that differ from config's): config's, with GPT-2's architecture where
     neither sets a modern key; a run on AdamW drops the keys only Muon reads. A run of LAYOUTS attends within the
     documents that config's eot_token separates, and its 'pack' multiplies block_size and divides batch_size by it,
-    with attn_window the config's block_size."""
+    with attn_window the config's block_size; 'window_warmup' makes that window grow from block_size // 16 over
+    max_iters to its multiple of block_size."""
     keys = {**MODERN_DEFAULTS, **config, **run}
     if keys['optim'] != 'muon':
         keys.update(dict.fromkeys(MUON_ONLY_KEYS, 0))
     if keys.pop('documents', False):
         keys['doc_token'] = config['eot_token']
+    window_warmup = keys.pop('window_warmup', 0)
+    if window_warmup:
+        keys.update(attn_window_warmup_iters=config['max_iters'], attn_window_warmup_start=config['block_size'] // 16)
     pack = keys.pop('pack', 1)
     if pack > 1:
         keys.update(block_size=pack * config['block_size'], batch_size=config['batch_size'] // pack,
-                    attn_window=config['block_size'])
+                    attn_window=round((window_warmup or 1) * config['block_size']))
     return keys
 
 

@@ -55,16 +55,18 @@ def test_bench_optim_summarizes_the_runs_over_seeds(data_dir, tmp_path):
 
 def test_bench_optim_runs_the_packed_layout_on_the_same_tokens(tmp_path):
     """recipe+packed reads rows of 4 blocks, the other runs the same rows split into blocks; a batch that does not fill
-    whole rows is one line. The dataset's meta.pkl claims GPT-2's vocabulary, so <|endoftext|> is a token."""
+    whole rows is one line. The dataset's meta.pkl claims GPT-2's vocabulary, so <|endoftext|> is a token.
+    recipe+window_warmup trains and evaluates with windows of 1, 8 and 16 at steps 0, 1 and 2: packed's at 2."""
     write_char_dataset(tmp_path, 'tiny_bpe', vocab_size=50304)
     args = [f'--data_dir={tmp_path}', '--dataset=tiny_bpe', '--n_layer=2', '--n_head=2', '--n_embd=32',
             '--block_size=16', '--max_iters=2', '--eval_interval=1', '--eval_iters=2', '--lr_decay_iters=2',
-            '--warmup_iters=1', '--runs=recipe,recipe+documents,recipe+packed']
+            '--warmup_iters=1', '--runs=recipe,recipe+documents,recipe+packed,recipe+window_warmup']
     out = tmp_path / 'bench.json'
     result = run_script('bench_optim.py', *args, '--batch_size=8', f'--json_path={out}')
     assert result.returncode == 0, result.stderr
     curves = json.loads(out.read_text())['curves']
     # no document starts in this data: attending within documents changes nothing; packing does
     assert curves['recipe+documents'] == curves['recipe'] and curves['recipe+packed'] != curves['recipe']
+    assert all(curves['recipe+window_warmup'][step] != curves['recipe+packed'][step] for step in ('0', '2'))
     result = run_script('bench_optim.py', *args, '--batch_size=6')
     assert result.returncode == 2 and 'use a multiple of 4 for --batch_size' in result.stderr

@@ -53,3 +53,15 @@ def test_the_packed_layout_keeps_a_steps_tokens_and_windows_attention_at_the_blo
     packed = recipe.run_keys(recipe.RUNS['recipe+packed'], config)
     assert {k for k in packed if packed[k] != full[k]} == {'doc_token', 'block_size', 'batch_size', 'attn_window'}
     assert (packed['block_size'], packed['batch_size'], packed['attn_window']) == (4 * 64, 16 // 4, 64)
+
+
+def test_the_window_warmup_grows_the_packed_layouts_window_over_the_run():
+    config = {**CONFIG, 'block_size': 64, 'batch_size': 16, 'eot_token': 7, 'max_iters': 300}
+    packed = recipe.run_keys(recipe.RUNS['recipe+packed'], config)
+    warmup = recipe.run_keys(recipe.RUNS['recipe+window_warmup'], config)
+    assert {k for k in warmup if warmup.get(k) != packed.get(k)} == {'attn_window_warmup_iters',
+                                                                      'attn_window_warmup_start'}
+    assert (warmup['attn_window_warmup_iters'], warmup['attn_window_warmup_start']) == (300, 4)
+    assert warmup['attn_window'] == 64
+    long = recipe.run_keys(recipe.RUNS['recipe+window_warmup_long'], config)  # the record's 1,792 of 1,024
+    assert {k for k in long if long.get(k) != warmup.get(k)} == {'attn_window'} and long['attn_window'] == 112
