@@ -14,10 +14,11 @@ $ python bench_optim.py --runs=adamw,autocast_cache --dtype=bfloat16 --activatio
 The modern recipe against nanoGPT's (docs/recipe.md): 'baseline' is nanoGPT's GPT-2 architecture, AdamW and cosine
 schedule; 'recipe' is RECIPE (modern architecture, Muon, warmup-stable-decay); 'recipe-X' is the recipe without its
 component X (recipe.ABLATIONS), 'recipe+X' with the component X it left out (recipe.DROPPED); --runs=ablation runs
-all of them. 'recipe+documents', 'recipe+packed' and 'recipe+window_warmup' (recipe.LAYOUTS) attend within the
-documents eot_token separates, the second and third over sequences 4 blocks long windowed at block_size (the third's
-window growing to it over the run): the same tokens a step and the same validation tokens, as every run then reads
-rows of 4 blocks and splits them into its own sequences. With several --seeds (each
+all of them. 'recipe+documents', 'recipe+packed', 'recipe+window_warmup' and 'recipe+window_warmup_long'
+(recipe.LAYOUTS) attend within the documents eot_token separates, the last three over sequences 4 blocks long
+windowed at block_size (the last two's window growing over the run, to block_size or 7/4 of it): the same tokens a
+step and the same validation tokens, as every run then reads rows of 4 blocks and splits them into its own
+sequences. With several --seeds (each
 its own initial weights, batches and validation windows) the curves are means over the seeds, and the summary gives
 each run's final val loss and the step at which it first reaches the first run's final val loss, seed by seed.
 $ python bench_optim.py --dataset=shakespeare_char --runs=ablation --seeds=1,2
