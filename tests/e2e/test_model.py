@@ -1,5 +1,5 @@
 """model.py in subprocesses and under torch.compile: copied alone it trains, and compiled it computes what eager
-does."""
+does; on a CUDA GPU, FlashAttention's variable-length kernel computes what the masked attention does."""
 import os
 import shutil
 import subprocess
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import model as model_lib
-from model import chunked_cross_entropy
+from model import GPT, GPTConfig, chunked_cross_entropy
 from helpers import ROOT, loss_and_grads, loss_inputs, softcap_inputs, tiny_gpt
 
 
@@ -105,3 +105,60 @@ def test_compiled_chunk_body_has_no_graph_breaks_and_one_graph_serves_every_chun
     with torch.compiler.set_stance('fail_on_recompile'):  # chunks of 64, 64, 22; then 50, 50, 50; then 90 and 7
         for n, chunk in ((150, 64), (150, 50), (97, 90)):
             compiled(n, chunk).backward()
+
+
+# On a CUDA GPU only (skipped elsewhere): FlashAttention's variable-length kernel, which attn_window and doc_token run
+# on Ampere or later in bf16, against attention under the mask, eager and compiled, with a window warmup's windows
+needs_ampere = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0),
+                                  reason='needs an Ampere or later CUDA GPU (FlashAttention\'s variable-length kernel)')
+PACKED_GPT = dict(n_layer=2, n_head=4, n_embd=256, block_size=512, vocab_size=512, bias=False, pos_emb='rope',
+                  qk_norm=True, attn_window=128, doc_token=3)
+
+
+def packed_tokens(seed, device):
+    """Two rows of 512 tokens, a document starting at every 97th from 5 (doc_token 3 nowhere else)."""
+    x = torch.randint(4, 512, (2, 512), generator=torch.Generator().manual_seed(seed))
+    x[:, 5::97] = 3
+    return x.to(device)
+
+
+def bf16_loss_and_grads(model, x, y, window, device):
+    """(loss, gradients) in fp32 of one forward-backward under bf16 autocast, with the sliding window `window`."""
+    model.zero_grad()
+    with torch.autocast(device, dtype=torch.bfloat16):
+        _, loss = model(x, y, attn_window=window)
+    loss.backward()
+    return loss.float(), [p.grad.float() for p in model.parameters()]
+
+
+def assert_bf16_close(a, b):
+    """bf16 results of two kernels: each tensor within 2% of the other's norm."""
+    for x, y in zip([a[0], *a[1]], [b[0], *b[1]]):
+        assert ((x - y).norm() / y.norm()).item() < 2e-2
+
+
+@needs_ampere
+@pytest.mark.parametrize('window', [128, 4, 0])
+def test_flash_varlen_kernel_matches_attention_under_the_mask(window):
+    """Documents and a window (4: one key more or less would move a position's attention by a quarter), documents
+    alone (0)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**PACKED_GPT)).cuda()
+    x, y = packed_tokens(1, 'cuda'), packed_tokens(2, 'cuda')
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+        assert model.varlen_kernel(x) is not None  # the kernel runs, not the masked fallback
+    kernel = bf16_loss_and_grads(model, x, y, window, 'cuda')
+    model.varlen_attention = False  # the same model through blocked_attention's masks
+    assert_bf16_close(kernel, bf16_loss_and_grads(model, x, y, window, 'cuda'))
+
+
+@needs_ampere
+def test_compiled_flash_varlen_kernel_follows_a_growing_window():
+    """The windows of a warmup, one after the other: each compiled step computes what eager does at that window."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**PACKED_GPT)).cuda()
+    compiled = torch.compile(model)
+    x, y = packed_tokens(1, 'cuda'), packed_tokens(2, 'cuda')
+    for window in (32, 64, 96, 128):
+        assert_bf16_close(bf16_loss_and_grads(compiled, x, y, window, 'cuda'),
+                          bf16_loss_and_grads(model, x, y, window, 'cuda'))
