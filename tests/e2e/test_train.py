@@ -211,11 +211,11 @@ def train_patched(patch, data_dir, out_dir, *args):
 def forward_patch(training, at, action):
     """Source that makes GPT.forward run `action` from its `at`-th call in training (or evaluation) mode on."""
     return (f'forward, calls = model.GPT.forward, [0]\n'
-            f'def patched(self, idx, targets=None):\n'
+            f'def patched(self, idx, targets=None, **kwargs):\n'
             f'    calls[0] += self.training == {training}\n'
             f'    if calls[0] >= {at} and self.training == {training}:\n'
             f'        {action}\n'
-            f'    return forward(self, idx, targets)\n'
+            f'    return forward(self, idx, targets, **kwargs)\n'
             f'model.GPT.forward = patched\n')
 
 
