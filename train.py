@@ -304,8 +304,9 @@ def window_at(it):
 if compile:
     print("compiling the model... (takes a ~minute)")
     if attn_window_warmup_iters: # a window size is a shape of the masked attention: each may compile the model anew,
-        sizes = {window_at(it) for it in range(attn_window_warmup_iters + 1)} # in training and in evaluation
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * len(sizes) + 2)
+        sizes = {window_at(it) for it in range(attn_window_warmup_iters + 1)} # in training and in evaluation;
+        dynamo = torch._dynamo.config # cache_size_limit: every torch from 2.4 has it (newer: recompile_limit's alias)
+        dynamo.cache_size_limit = max(dynamo.cache_size_limit, 2 * len(sizes) + 2)
     model = torch.compile(model) # requires PyTorch 2.0
 
 # wrap model into DDP container (fsdp's sharding is done: before the optimizer, which must see the shards)
