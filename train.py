@@ -321,6 +321,7 @@ def estimate_loss(it):
     out = {}
     model.eval()
     rows = eval_batch_size or batch_size
+    window = window_at(it) # the sliding window the model trains with at `it`
     share = math.ceil(eval_iters * batch_size / ddp_world_size) # windows per rank: the same number on every rank,
     for split_index, split in enumerate(['train', 'val']):      # as fsdp's forward is a collective
         data = np.memmap(os.path.join(data_path, f'{split}.bin'), dtype=np.uint16, mode='r')
@@ -330,7 +331,7 @@ def estimate_loss(it):
         for start in range(ddp_rank * share, (ddp_rank + 1) * share, rows):
             X, Y = windows(data, offsets[start:min(start + rows, (ddp_rank + 1) * share)])
             with ctx:
-                logits, loss = model(X, Y, attn_window=window_at(it))
+                logits, loss = model(X, Y, attn_window=window)
             loss_sum += loss.float() * len(X) # every window has block_size targets: weight by rows
         if ddp:
             dist.all_reduce(loss_sum)
