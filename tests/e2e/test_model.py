@@ -115,17 +115,17 @@ PACKED_GPT = dict(n_layer=2, n_head=4, n_embd=256, block_size=512, vocab_size=51
                   qk_norm=True, attn_window=128, doc_token=3)
 
 
-def packed_tokens(seed, device):
-    """Two rows of 512 tokens, a document starting at every 97th from 5 (doc_token 3 nowhere else)."""
+def packed_tokens(seed):
+    """Two rows of 512 tokens on the GPU, a document starting at every 97th from 5 (doc_token 3 nowhere else)."""
     x = torch.randint(4, 512, (2, 512), generator=torch.Generator().manual_seed(seed))
     x[:, 5::97] = 3
-    return x.to(device)
+    return x.cuda()
 
 
-def bf16_loss_and_grads(model, x, y, window, device):
-    """(loss, gradients) in fp32 of one forward-backward under bf16 autocast, with the sliding window `window`."""
+def bf16_loss_and_grads(model, x, y, window):
+    """(loss, gradients) in fp32 of one forward-backward under CUDA's bf16 autocast, with the sliding window."""
     model.zero_grad()
-    with torch.autocast(device, dtype=torch.bfloat16):
+    with torch.autocast('cuda', dtype=torch.bfloat16):
         _, loss = model(x, y, attn_window=window)
     loss.backward()
     return loss.float(), [p.grad.float() for p in model.parameters()]
@@ -144,12 +144,12 @@ def test_flash_varlen_kernel_matches_attention_under_the_mask(window):
     alone (0)."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**PACKED_GPT)).cuda()
-    x, y = packed_tokens(1, 'cuda'), packed_tokens(2, 'cuda')
+    x, y = packed_tokens(1), packed_tokens(2)
     with torch.autocast('cuda', dtype=torch.bfloat16):
         assert model.varlen_kernel(x) is not None  # the kernel runs, not the masked fallback
-    kernel = bf16_loss_and_grads(model, x, y, window, 'cuda')
+    kernel = bf16_loss_and_grads(model, x, y, window)
     model.varlen_attention = False  # the same model through blocked_attention's masks
-    assert_bf16_close(kernel, bf16_loss_and_grads(model, x, y, window, 'cuda'))
+    assert_bf16_close(kernel, bf16_loss_and_grads(model, x, y, window))
 
 
 @needs_ampere
@@ -158,7 +158,6 @@ def test_compiled_flash_varlen_kernel_follows_a_growing_window():
     torch.manual_seed(0)
     model = GPT(GPTConfig(**PACKED_GPT)).cuda()
     compiled = torch.compile(model)
-    x, y = packed_tokens(1, 'cuda'), packed_tokens(2, 'cuda')
+    x, y = packed_tokens(1), packed_tokens(2)
     for window in (32, 64, 96, 128):
-        assert_bf16_close(bf16_loss_and_grads(compiled, x, y, window, 'cuda'),
-                          bf16_loss_and_grads(model, x, y, window, 'cuda'))
+        assert_bf16_close(bf16_loss_and_grads(compiled, x, y, window), bf16_loss_and_grads(model, x, y, window))
