@@ -1,5 +1,6 @@
 """Fixtures shared by the tests of several folders: a tiny character dataset, one thread, the estimator's configs of
-two small models and its trace made once per set of arguments. Helpers that tests import live in helpers.py."""
+two small models and its trace made once per set of arguments, torch's FlashAttention kernel on a CPU. Helpers that
+tests import live in helpers.py."""
 import copy
 import inspect
 import json
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 import estimate_memory
+import flash_varlen_on_a_cpu
 from helpers import write_char_dataset
 from training.memory import estimate as em
 
@@ -72,3 +74,13 @@ def trace_once(monkeypatch):
 
     monkeypatch.setattr(em, 'trace', traced_once)
     return traced_once
+
+
+@pytest.fixture
+def flash_kernel():
+    """torch's varlen_attn, FlashAttention's variable-length kernel, running on CPU kernels that check and compute what
+    the CUDA one does (flash_varlen_on_a_cpu.py); skipped where this torch has no varlen_attn with a sliding window."""
+    kernel = flash_varlen_on_a_cpu.varlen_attn()
+    if kernel is None:
+        pytest.skip("torch.nn.attention.varlen's varlen_attn with window_size: torch 2.12 has it")
+    return kernel

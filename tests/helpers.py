@@ -55,6 +55,14 @@ def loss_and_grads(fn, h, w, t):
     return (loss, *torch.autograd.grad(loss, (h, w)))
 
 
+def loss_and_gradients(model, x, y, **forward_args):
+    """(loss, [each parameter's gradient]) of one forward-backward from zero gradients."""
+    model.zero_grad()
+    _, loss = model(x, y, **forward_args)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
 def softcap_inputs(dtype, n=70, d=16, v=97, seed=0):
     """(hidden, weight, targets) for the soft-capped loss: logits well into tanh's flat part, every 7th target -1."""
     g = torch.Generator().manual_seed(seed)

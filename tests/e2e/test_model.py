@@ -1,5 +1,6 @@
 """model.py in subprocesses and under torch.compile: copied alone it trains, and compiled it computes what eager
-does; on a CUDA GPU, FlashAttention's variable-length kernel computes what the masked attention does."""
+does, through torch's FlashAttention kernel too (on CPU kernels) without compiling anew for each window; on a CUDA
+GPU, FlashAttention's variable-length kernel computes what the masked attention does."""
 import os
 import shutil
 import subprocess
@@ -10,7 +11,7 @@ import torch
 
 import model as model_lib
 from model import GPT, GPTConfig, chunked_cross_entropy
-from helpers import ROOT, loss_and_grads, loss_inputs, softcap_inputs, tiny_gpt
+from helpers import ROOT, loss_and_gradients, loss_and_grads, loss_inputs, softcap_inputs, tiny_gpt
 
 
 @pytest.mark.parametrize('options', [{}, dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2',
@@ -105,6 +106,30 @@ def test_compiled_chunk_body_has_no_graph_breaks_and_one_graph_serves_every_chun
     with torch.compiler.set_stance('fail_on_recompile'):  # chunks of 64, 64, 22; then 50, 50, 50; then 90 and 7
         for n, chunk in ((150, 64), (150, 50), (97, 90)):
             compiled(n, chunk).backward()
+
+
+def test_compiled_flash_kernel_takes_any_window_and_documents_without_recompiling(monkeypatch, flash_kernel):
+    """Compiled, torch's varlen_attn (on CPU kernels) takes a window warmup's windows and each batch's longest document
+    as sizes, not constants: the first change of each compiles once more (dynamic from then on), then no window or
+    batch compiles again, and every step computes what eager does."""
+    monkeypatch.setattr(GPT, 'varlen_kernel', lambda self, idx: flash_kernel)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=64, vocab_size=50, pos_emb='rope', qk_norm=True,
+                          attn_window=32, doc_token=3)).double()
+    compiled = torch.compile(model)
+    generator = torch.Generator().manual_seed(0)
+
+    def step(window, every):  # documents every `every` tokens from the 4th: the longest is `every` (or the last) long
+        x, y = torch.randint(4, 50, (2, 2, 64), generator=generator)
+        x[:, 3::every] = 3
+        torch.testing.assert_close(loss_and_gradients(compiled, x, y, attn_window=window),
+                                   loss_and_gradients(model, x, y, attn_window=window))
+
+    step(4, 7)
+    step(8, 11)
+    with torch.compiler.set_stance('fail_on_recompile'):
+        for window, every in ((12, 5), (20, 13), (64, 9), (4, 30)):
+            step(window, every)
 
 
 # On a CUDA GPU only (skipped elsewhere): FlashAttention's variable-length kernel, which attn_window and doc_token run

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import model as model_lib
-from helpers import ROOT, softcap_inputs
+from helpers import ROOT, loss_and_gradients, softcap_inputs
 from model import (GPT, GPTConfig, LayerNorm, apply_rotary, chunked_cross_entropy, local_attention_mask,
                    rotary_cos_sin, value_embed_table)
 
@@ -30,14 +30,6 @@ def reference_module():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def loss_and_gradients(model, x, y, **forward_args):
-    """(loss, [each parameter's gradient]) of one forward-backward from zero gradients."""
-    model.zero_grad()
-    _, loss = model(x, y, **forward_args)
-    loss.backward()
-    return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
 
 def run(model, x, y, seed=0):
@@ -339,39 +331,27 @@ def test_a_position_sees_only_its_window_of_its_own_document():
             assert moved.tolist() == [0 <= i - j < 4 and document[i] == document[j] for i in range(16)], j
 
 
-def varlen_attn_on_a_cpu(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, window_size):
-    """torch.nn.attention.varlen.varlen_attn as documented (CUDA only): causal attention within each segment of the
-    (total, nh, hs) tensors, over keys at most window_size[0] positions back (-1: any)."""
-    assert torch.equal(cu_seq_q, cu_seq_k) and cu_seq_q.dtype == torch.int32 and window_size[1] == 0
-    out = torch.empty_like(q)
-    for start, end in zip(cu_seq_q[:-1].tolist(), cu_seq_q[1:].tolist()):
-        assert 0 < end - start <= max_q == max_k
-        i = torch.arange(end - start)
-        back = i[:, None] - i[None, :]
-        mask = (back >= 0) & ((back <= window_size[0]) if window_size[0] >= 0 else True)
-        q_, k_, v_ = (t[start:end].transpose(0, 1) for t in (q, k, v))
-        out[start:end] = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask).transpose(0, 1)
-    return out
-
-
 @pytest.mark.parametrize('window, doc_token', [(6, 3), (0, 3), (4, -1)])
-def test_document_attention_passes_flash_attentions_kernel_the_documents_and_window(monkeypatch, window, doc_token):
-    """On CUDA attention runs varlen_attn over document_segments' segments; on a CPU, with the kernel as documented,
-    that gives blocked_attention's loss and gradients (the mask of what each position may see)."""
+def test_document_attention_passes_flash_attentions_kernel_the_documents_and_window(monkeypatch, flash_kernel,
+                                                                                    window, doc_token):
+    """On CUDA attention runs torch's varlen_attn over document_segments' segments; with kernels that compute what
+    FlashAttention's does (flash_varlen_on_a_cpu), that gives blocked_attention's loss and gradients (the mask of what
+    each position may see)."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAPE, pos_emb='rope', qk_norm=True, attn_window=window, doc_token=doc_token)).double()
     x, y = tokens_with_documents((3, 16), 1), torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(2))
     blocked = loss_and_gradients(model, x, y)
-    monkeypatch.setattr(GPT, 'varlen_kernel', lambda self, idx: varlen_attn_on_a_cpu)
+    monkeypatch.setattr(GPT, 'varlen_kernel', lambda self, idx: flash_kernel)
     torch.testing.assert_close(blocked, loss_and_gradients(model, x, y))
 
 
 @pytest.mark.parametrize('kernel', ['blocks', 'varlen'])
-def test_a_calls_attn_window_is_the_model_built_with_that_window(monkeypatch, kernel):
+def test_a_calls_attn_window_is_the_model_built_with_that_window(monkeypatch, request, kernel):
     """A window warmup's window of the moment (forward's attn_window) gives the loss and gradients of the same weights
-    built with that attn_window, in blocked_attention and through FlashAttention's kernel (as documented, on a CPU)."""
+    built with that attn_window, in blocked_attention and through torch's varlen_attn (on CPU kernels)."""
     if kernel == 'varlen':
-        monkeypatch.setattr(GPT, 'varlen_kernel', lambda self, idx: varlen_attn_on_a_cpu)
+        flash_kernel = request.getfixturevalue('flash_kernel')
+        monkeypatch.setattr(GPT, 'varlen_kernel', lambda self, idx: flash_kernel)
     torch.manual_seed(0)
     wide, narrow = (GPT(GPTConfig(**SHAPE, pos_emb='rope', attn_window=window, doc_token=3)).double()
                     for window in (8, 3))
@@ -381,11 +361,8 @@ def test_a_calls_attn_window_is_the_model_built_with_that_window(monkeypatch, ke
     assert loss_and_gradients(wide, x, y)[0] != loss_and_gradients(narrow, x, y)[0]  # None: the model's own 8
 
 
-def test_flash_attentions_kernel_runs_where_it_can():
+def test_flash_attentions_kernel_runs_where_it_can(flash_kernel):
     """CUDA (or varlen_attention=True, as the estimator traces), bf16 or fp16 by autocast or weights, no dropout."""
-    kernel = model_lib.flash_varlen_attn()
-    if kernel is None:
-        pytest.skip("torch.nn.attention.varlen's varlen_attn with window_size: torch 2.12 has it")
     model = GPT(GPTConfig(**SHAPE, attn_window=6, dropout=0.1))
     idx = torch.zeros(1, 16, dtype=torch.long)
     model.eval()
@@ -393,11 +370,11 @@ def test_flash_attentions_kernel_runs_where_it_can():
     model.varlen_attention = True
     assert model.varlen_kernel(idx) is None  # fp32
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        assert model.varlen_kernel(idx) is kernel
+        assert model.varlen_kernel(idx) is flash_kernel
         model.train()
         assert model.varlen_kernel(idx) is None  # dropout, which the kernel does not apply
     model.eval().to(torch.float16)
-    assert model.varlen_kernel(idx) is kernel
+    assert model.varlen_kernel(idx) is flash_kernel
 
 
 def test_mfu_counts_attention_over_the_window():
