@@ -447,14 +447,17 @@ class GPT(nn.Module):
 
     def varlen_kernel(self, idx):
         """FlashAttention's variable-length kernel where attention runs it (document_attention), else None: it needs
-        an Ampere or later GPU, bf16 or fp16, no dropout, and a torch that has it."""
+        an Ampere or later GPU, bf16 or fp16, heads of a multiple of 8 up to 256 wide, no dropout, and a torch that
+        has it."""
         on_cuda = self.varlen_attention
         if on_cuda is None:
             on_cuda = idx.is_cuda and torch.cuda.get_device_capability(idx.device) >= (8, 0)
         device = idx.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.lm_head.weight.dtype
+        head_size = self.config.n_embd // self.config.n_head
+        heads_fit = head_size % 8 == 0 and head_size <= 256 # SDPA pads other sizes for the kernel; varlen_attn doesn't
         dropout = self.training and self.config.dropout > 0
-        runs = on_cuda and dtype in (torch.bfloat16, torch.float16) and not dropout
+        runs = on_cuda and dtype in (torch.bfloat16, torch.float16) and heads_fit and not dropout
         return flash_varlen_attn() if runs else None
 
     def crop_block_size(self, block_size):

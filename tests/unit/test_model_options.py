@@ -362,7 +362,8 @@ def test_a_calls_attn_window_is_the_model_built_with_that_window(monkeypatch, re
 
 
 def test_flash_attentions_kernel_runs_where_it_can(flash_kernel):
-    """CUDA (or varlen_attention=True, as the estimator traces), bf16 or fp16 by autocast or weights, no dropout."""
+    """CUDA (or varlen_attention=True, as the estimator traces), bf16 or fp16 by autocast or weights, heads the kernel
+    takes, no dropout."""
     model = GPT(GPTConfig(**SHAPE, attn_window=6, dropout=0.1))
     idx = torch.zeros(1, 16, dtype=torch.long)
     model.eval()
@@ -375,6 +376,10 @@ def test_flash_attentions_kernel_runs_where_it_can(flash_kernel):
         assert model.varlen_kernel(idx) is None  # dropout, which the kernel does not apply
     model.eval().to(torch.float16)
     assert model.varlen_kernel(idx) is flash_kernel
+    for n_embd in (24, 528):  # heads 12 and 264 wide: FlashAttention takes multiples of 8 up to 256
+        other = GPT(GPTConfig(**{**SHAPE, 'n_embd': n_embd}, attn_window=6)).eval().to(torch.float16)
+        other.varlen_attention = True
+        assert other.varlen_kernel(idx) is None
 
 
 def test_mfu_counts_attention_over_the_window():
