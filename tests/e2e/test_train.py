@@ -1,6 +1,7 @@
-"""train.py end to end on CPU, in subprocesses as a user runs it: the loss falls; checkpoints resume exactly, after a
-kill too, and from nanoGPT's own format; bad input fails with one line and writes
-nothing; a non-finite loss or an out-of-memory error stops the run and leaves ckpt.pt as it was."""
+"""train.py end to end on CPU, in subprocesses as a user runs it: the loss falls, with every lever and through
+FlashAttention's kernel (on CPU kernels) as through the masked attention; checkpoints resume exactly, after a kill
+too, and from nanoGPT's own format; bad input fails with one line and writes nothing; a non-finite loss or an
+out-of-memory error stops the run and leaves ckpt.pt as it was."""
 import importlib.util
 import json
 import os
@@ -97,6 +98,25 @@ def test_window_warmup_trains_and_evaluates_with_the_window_of_the_iteration(tmp
     val_losses = {name: logged_losses(result.stdout, 'step')[0] for name, result in runs.items()}
     assert train_losses['warmup'] == train_losses['narrow'] != train_losses['wide']
     assert val_losses['warmup'] == val_losses['narrow'] != val_losses['wide']
+
+
+def test_flash_kernel_trains_compiled_as_the_masked_attention_does(tmp_path, data_dir):
+    """train.py as on an Ampere GPU: attention through torch's varlen_attn (on the CPU kernels of
+    flash_varlen_on_a_cpu.py), compiled, with activation checkpointing, the recipe and its growing window, gives the
+    losses of the masked attention run eagerly, in training and evaluation."""
+    args = [*MODERN_RECIPE_ARGS, '--activation_checkpointing=True', '--max_iters=8', '--eval_interval=4']
+    patch = ('import atexit, sys, flash_varlen_on_a_cpu as flash, model\n'
+             'kernel_forward, calls = flash.forward, []\n'
+             'flash.forward = lambda *args, **kwargs: calls.append(1) or kernel_forward(*args, **kwargs)\n'
+             'kernel = flash.varlen_attn()\n'
+             'model.GPT.varlen_kernel = lambda self, idx: kernel\n'
+             'atexit.register(lambda: print(f"flash kernel calls: {len(calls)}", file=sys.stderr))\n')
+    masked = train(data_dir, tmp_path / 'masked', *args)
+    flash = train(data_dir, tmp_path / 'flash', *args, '--compile=True', env=patched_env(tmp_path, patch))
+    assert masked.returncode == 0 and flash.returncode == 0, flash.stderr
+    assert 'flash kernel calls: 0' not in flash.stderr and 'flash kernel calls: ' in flash.stderr
+    for kind in ('iter', 'step'):
+        assert logged_losses(flash.stdout, kind) == pytest.approx(logged_losses(masked.stdout, kind), rel=1e-4)
 
 
 def test_kill_during_training_then_resume(tmp_path, data_dir):
