@@ -108,32 +108,9 @@ def test_compiled_chunk_body_has_no_graph_breaks_and_one_graph_serves_every_chun
             compiled(n, chunk).backward()
 
 
-def test_compiled_flash_kernel_takes_any_window_and_documents_without_recompiling(monkeypatch, flash_kernel):
-    """Compiled, torch's varlen_attn (on CPU kernels) takes a window warmup's windows and each batch's longest document
-    as sizes, not constants: the first change of each compiles once more (dynamic from then on), then no window or
-    batch compiles again, and every step computes what eager does."""
-    monkeypatch.setattr(GPT, 'varlen_kernel', lambda self, idx: flash_kernel)
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=64, vocab_size=50, pos_emb='rope', qk_norm=True,
-                          attn_window=32, doc_token=3)).double()
-    compiled = torch.compile(model)
-    generator = torch.Generator().manual_seed(0)
-
-    def step(window, every):  # documents every `every` tokens from the 4th: the longest is `every` (or the last) long
-        x, y = torch.randint(4, 50, (2, 2, 64), generator=generator)
-        x[:, 3::every] = 3
-        torch.testing.assert_close(loss_and_gradients(compiled, x, y, attn_window=window),
-                                   loss_and_gradients(model, x, y, attn_window=window))
-
-    step(4, 7)
-    step(8, 11)
-    with torch.compiler.set_stance('fail_on_recompile'):
-        for window, every in ((12, 5), (20, 13), (64, 9), (4, 30)):
-            step(window, every)
-
-
-# On a CUDA GPU only (skipped elsewhere): FlashAttention's variable-length kernel, which attn_window and doc_token run
-# on Ampere or later in bf16, against attention under the mask, eager and compiled, with a window warmup's windows
+# FlashAttention's variable-length kernel, which attn_window and doc_token run on an Ampere or later GPU in bf16:
+# compiled, here on the CPU kernels of flash_varlen_on_a_cpu.py; against attention under the mask, eager and compiled,
+# with a window warmup's windows, on a CUDA GPU only (skipped elsewhere)
 needs_ampere = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0),
                                   reason='needs an Ampere or later CUDA GPU (FlashAttention\'s variable-length kernel)')
 PACKED_GPT = dict(n_layer=2, n_head=4, n_embd=256, block_size=512, vocab_size=512, bias=False, pos_emb='rope',
@@ -148,18 +125,42 @@ def packed_tokens(seed):
 
 
 def bf16_loss_and_grads(model, x, y, window):
-    """(loss, gradients) in fp32 of one forward-backward under CUDA's bf16 autocast, with the sliding window."""
-    model.zero_grad()
-    with torch.autocast('cuda', dtype=torch.bfloat16):
-        _, loss = model(x, y, attn_window=window)
-    loss.backward()
-    return loss.float(), [p.grad.float() for p in model.parameters()]
+    """(loss, gradients) in fp32 of one forward-backward under bf16 autocast on x's device, with the sliding window."""
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        loss, grads = loss_and_gradients(model, x, y, attn_window=window)
+    return loss.float(), [g.float() for g in grads]
 
 
 def assert_bf16_close(a, b):
     """bf16 results of two kernels: each tensor within 2% of the other's norm."""
     for x, y in zip([a[0], *a[1]], [b[0], *b[1]]):
         assert ((x - y).norm() / y.norm()).item() < 2e-2
+
+
+def test_compiled_flash_kernel_takes_any_window_and_documents_without_recompiling(flash_kernel):
+    """As on an Ampere GPU in bf16 (varlen_attention=True: the kernel's CPU stand-ins), compiled, the model runs torch's
+    varlen_attn with a window warmup's windows and each batch's longest document as sizes, not constants: the first
+    change of each compiles once more (dynamic from then on), then no window or batch compiles again, and every step
+    computes what eager does."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=64, vocab_size=50, pos_emb='rope', qk_norm=True,
+                          attn_window=32, doc_token=3))
+    model.varlen_attention = True
+    compiled = torch.compile(model)
+    generator = torch.Generator().manual_seed(0)
+
+    def step(window, every):  # documents every `every` tokens from the 4th: the longest is `every` (or the last) long
+        x, y = torch.randint(4, 50, (2, 2, 64), generator=generator)
+        x[:, 3::every] = 3
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            assert model.varlen_kernel(x) is flash_kernel
+        assert_bf16_close(bf16_loss_and_grads(compiled, x, y, window), bf16_loss_and_grads(model, x, y, window))
+
+    step(4, 7)
+    step(8, 11)
+    with torch.compiler.set_stance('fail_on_recompile'):
+        for window, every in ((12, 5), (20, 13), (64, 9), (4, 30)):
+            step(window, every)
 
 
 @needs_ampere
