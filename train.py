@@ -399,8 +399,9 @@ def oom_message(e):
     """An out-of-memory error ends the run with what ran out, at what micro-batch, and the next step to take."""
     stats = cuda_memory_stats(device) if device_type == 'cuda' else None
     phase, rows = ('training', batch_size) if raw_model.training else ('evaluation', eval_batch_size or batch_size)
-    return oom_advice(phase, rows, gradient_accumulation_steps * ddp_world_size, ddp_world_size,
-                      activation_checkpointing, stats, fixed_memory if stats else 0, optimizer_in_backward), dict(every_rank=True)
+    advice = oom_advice(phase, rows, gradient_accumulation_steps * ddp_world_size, ddp_world_size,
+                        activation_checkpointing, stats, fixed_memory if stats else 0, optimizer_in_backward)
+    return advice, dict(every_rank=True)
 on_error(torch.OutOfMemoryError, oom_message)
 
 while True:

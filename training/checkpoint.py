@@ -81,8 +81,8 @@ def save_checkpoint(checkpoint, out_dir):
 
 
 def load_checkpoint(out_dir, map_location, required=()):
-    """out_dir/ckpt.pt as a dict, its model state dict without torch.compile's and DDP's prefixes; CheckpointError if it is
-    missing, unreadable, truncated or lacks 'model', 'model_args' or one of the `required` keys."""
+    """out_dir/ckpt.pt as a dict, its model state dict without torch.compile's and DDP's prefixes; CheckpointError if it
+    is missing, unreadable, truncated or lacks 'model', 'model_args' or one of the `required` keys."""
     path = checkpoint_path(out_dir)
     if not os.path.isfile(path):
         raise CheckpointError(f'no checkpoint at {path}: check --out_dir (train.py writes ckpt.pt there)')
