@@ -63,6 +63,13 @@ def loss_and_gradients(model, x, y, **forward_args):
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
 
+def tokens_with_documents(shape, seed, doc_token=3, every=5):
+    """Random tokens of a 50-token vocabulary without doc_token, then doc_token at every `every`-th position from 2."""
+    x = torch.randint(4, 50, shape, generator=torch.Generator().manual_seed(seed))
+    x[..., 2::every] = doc_token
+    return x
+
+
 def softcap_inputs(dtype, n=70, d=16, v=97, seed=0):
     """(hidden, weight, targets) for the soft-capped loss: logits well into tanh's flat part, every 7th target -1."""
     g = torch.Generator().manual_seed(seed)

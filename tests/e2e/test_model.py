@@ -11,7 +11,8 @@ import torch
 
 import model as model_lib
 from model import GPT, GPTConfig, chunked_cross_entropy
-from helpers import ROOT, loss_and_gradients, loss_and_grads, loss_inputs, softcap_inputs, tiny_gpt
+from helpers import (ROOT, loss_and_gradients, loss_and_grads, loss_inputs, softcap_inputs, tiny_gpt,
+                     tokens_with_documents)
 
 
 @pytest.mark.parametrize('options', [{}, dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2',
@@ -147,11 +148,10 @@ def test_compiled_flash_kernel_takes_any_window_and_documents_without_recompilin
                           attn_window=32, doc_token=3))
     model.varlen_attention = True
     compiled = torch.compile(model)
-    generator = torch.Generator().manual_seed(0)
 
-    def step(window, every):  # documents every `every` tokens from the 4th: the longest is `every` (or the last) long
-        x, y = torch.randint(4, 50, (2, 2, 64), generator=generator)
-        x[:, 3::every] = 3
+    def step(window, every):  # documents every `every` tokens from the 3rd: the longest is `every` (or the last) long
+        x = tokens_with_documents((2, 64), every, every=every)
+        y = torch.randint(0, 50, (2, 64), generator=torch.Generator().manual_seed(every))
         with torch.autocast('cpu', dtype=torch.bfloat16):
             assert model.varlen_kernel(x) is flash_kernel
         assert_bf16_close(bf16_loss_and_grads(compiled, x, y, window), bf16_loss_and_grads(model, x, y, window))

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import model as model_lib
-from helpers import ROOT, loss_and_gradients, softcap_inputs
+from helpers import ROOT, loss_and_gradients, softcap_inputs, tokens_with_documents
 from model import (GPT, GPTConfig, LayerNorm, apply_rotary, chunked_cross_entropy, local_attention_mask,
                    rotary_cos_sin, value_embed_table)
 
@@ -290,13 +290,6 @@ def test_x0_shortcut_starts_as_the_plain_model_and_learns_to_mix_the_embedding_i
     torch.testing.assert_close(out1, plain.transformer.h[1](0.5 * in1 + 2.0 * embedding))
     torch.testing.assert_close(in0, embedding)
 
-
-
-def tokens_with_documents(shape, seed, doc_token=3, every=5):
-    """Random tokens of a 50-token vocabulary without doc_token, then doc_token at every `every`-th position from 2."""
-    x = torch.randint(4, 50, shape, generator=torch.Generator().manual_seed(seed))
-    x[..., 2::every] = doc_token
-    return x
 
 
 @pytest.mark.parametrize('t, window, doc_token', [(16, 6, 3), (16, 4, -1), (13, 5, 3), (16, 0, 3), (16, 16, -1)],
