@@ -272,7 +272,7 @@ def value_embed_table(config, layer):
 
 class GPT(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config, *, activation_checkpointing=False, loss_fn=None, flash_kernel=None):
         super().__init__()
         assert config.vocab_size is not None
         assert config.block_size is not None
@@ -281,11 +281,11 @@ class GPT(nn.Module):
         # recomputes each block in backward instead of keeping its activations: about one extra forward pass for
         # the activation memory of all but one block. The loss function is swapped by tools that compare it with
         # nanoGPT's full-logits loss or count its memory (bench.py, estimate_memory.py).
-        self.activation_checkpointing = False
-        self.loss_fn = chunked_cross_entropy
+        self.activation_checkpointing = activation_checkpointing
+        self.loss_fn = loss_fn or chunked_cross_entropy
         # attn_window and doc_token through FlashAttention's variable-length kernel (document_attention): None, where
         # it runs (CUDA, bf16 or fp16, no dropout); True also on a CPU, where estimate_memory.py traces CUDA's run
-        self.varlen_attention = None
+        self.varlen_attention = flash_kernel
 
         self.transformer = nn.ModuleDict(dict(
             wte = nn.Embedding(config.vocab_size, config.n_embd),
@@ -491,16 +491,16 @@ class GPT(nn.Module):
         return GPTConfig(**config_args)
 
     @classmethod
-    def from_pretrained(cls, model_type, override_args=None):
+    def from_pretrained(cls, model_type, override_args=None, **options):
         config = cls.pretrained_config(model_type, override_args)
         from transformers import GPT2LMHeadModel  # only needed here: imported lazily
         print("loading weights from pretrained gpt: %s" % model_type)
-        return cls.from_hf_model(GPT2LMHeadModel.from_pretrained(model_type), config)
+        return cls.from_hf_model(GPT2LMHeadModel.from_pretrained(model_type), config, **options)
 
     @classmethod
-    def from_hf_model(cls, model_hf, config):
-        """A GPT with the weights of a Hugging Face GPT2LMHeadModel of the same shape."""
-        model = GPT(config)
+    def from_hf_model(cls, model_hf, config, **options):
+        """A GPT with the weights of a Hugging Face GPT2LMHeadModel of the same shape; options: GPT's keywords."""
+        model = GPT(config, **options)
         sd = model.state_dict()
         sd_keys = [k for k in sd.keys() if not k.endswith('.attn.bias')] # discard this mask / buffer, not a param
 

@@ -29,6 +29,7 @@ import os
 if 'PYTORCH_CUDA_ALLOC_CONF' not in os.environ and 'PYTORCH_ALLOC_CONF' not in os.environ:
     os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'
 import gc
+import itertools
 import sys
 import time
 import math
@@ -41,20 +42,18 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
-from model import GPTConfig, GPT
 from training import rules
-from training.checkpoint import (checkpoint_path, load_checkpoint, load_model_state, pretrained_model,
-                                 restore_training_state, save_checkpoint)
+from training.checkpoint import checkpoint_path, load_checkpoint, restore_training_state, save_checkpoint
 from training.data import get_encoding
 from training.device import TORCH_DTYPES, check_device, peak_flops
 from training.errors import fail, first_line, install_handler, on_error
 from training.hellaswag import cached_val_file, evaluate, read_examples, report_cut_contexts
 from training.memory.advice import cuda_memory_stats, oom_advice
-from training.optim import build_optimizer, group_lr, muon_momentum_at
+from training.optim import group_lr, muon_momentum_at
 from training.paths import check_writable_dir
-from training.parallel import (collective_failure, exit_with_launcher, fsdp_param_dtype, full_state_dicts,
-                               set_gradient_sync, shard_model, shard_optimizer_state)
+from training.parallel import collective_failure, exit_with_launcher, full_state_dicts, set_gradient_sync
 from training.schedule import attn_window_at, scheduled_lr
+from training.step import Prefetcher, build, train_step
 
 install_handler() # bad input, found anywhere below, ends the run with one line and exit status 2 (training/errors.py)
 if int(os.environ.get('RANK', 0)) != 0:
@@ -234,9 +233,12 @@ def windows(data, ix):
         x, y = x.to(device), y.to(device)
     return x, y
 
-def train_batch(it, micro_step):
-    """This rank's batch for `micro_step` of iteration `it`: global micro-step micro_step * world + rank."""
-    return get_batch('train', (seed, 0, it, micro_step * ddp_world_size + ddp_rank), batch_size)
+def train_batches(first_iter):
+    """This rank's micro-batches from iteration first_iter on, in order: micro-step m of iteration `it` is global
+    micro-step m * world + rank."""
+    for it in itertools.count(first_iter):
+        for micro_step in range(gradient_accumulation_steps):
+            yield get_batch('train', (seed, 0, it, micro_step * ddp_world_size + ddp_rank), batch_size)
 
 # init these up here, can override if init_from='resume' (i.e. from a checkpoint)
 iter_num = 0
@@ -251,10 +253,12 @@ elif init_from == 'resume':
     print(f"Resuming training from {out_dir}")
     # on the CPU: the GPU never holds the checkpoint beside the model and optimizer state it is loaded into
     checkpoint = load_checkpoint(out_dir, 'cpu', required=('optimizer', 'iter_num', 'best_val_loss'))
+    iter_num = checkpoint['iter_num']
+    best_val_loss = float(checkpoint['best_val_loss']) # nanoGPT saved a tensor
 else:
     print(f"Initializing from GPT-2 weights: {init_from}")
 # the shape is the checkpoint's or OpenAI's, only dropout as configured; block_size and meta.pkl must fit it
-model_args, crop = rules.model_args(config, meta_vocab_size, checkpoint and checkpoint['model_args'])
+model_args, _ = rules.model_args(config, meta_vocab_size, checkpoint and checkpoint['model_args'])
 if hellaswag: # its data and tokenizer before the weights: a missing file fails early; the master downloads, once
     hellaswag_dir = os.path.join(data_dir, 'hellaswag')
     if master_process:
@@ -265,32 +269,14 @@ if hellaswag: # its data and tokenizer before the weights: a missing file fails 
     enc = get_encoding('gpt2')
     if master_process: # once a run, not at each evaluation
         report_cut_contexts(hellaswag_set, enc, model_args['block_size'])
-if init_from not in ('scratch', 'resume'): # OpenAI's GPT-2 or a Hugging Face GPT-2 folder
-    model = pretrained_model(init_from, dropout) # only dropout can be overridden
-    if crop is not None: # crop down the model block size if desired, using model surgery
-        model.crop_block_size(crop)
-else:
-    model = GPT(GPTConfig(**model_args))
-    if checkpoint is not None:
-        load_model_state(model, checkpoint, out_dir)
-        iter_num = checkpoint['iter_num']
-        best_val_loss = float(checkpoint['best_val_loss'])
-model.activation_checkpointing = activation_checkpointing
-model.to(TORCH_DTYPES[weight_dtype]) # on the CPU, before the GPU holds it: bf16 weights never exist there in fp32
-model.to(device)
-if ddp and parallelism == 'fsdp':
-    shard_model(model, param_dtype=fsdp_param_dtype(config)) # in place: the loaded weights are split over the ranks
+
+# the model and its optimizer (training/step.py): the one build that the memory estimator and the benchmarks run too
+model, optimizer = build(config, model_args, device, device_type, checkpoint, sharded=ddp)
 torch.manual_seed(seed + seed_offset) # then each rank its own dropout
 raw_model = model # the plain (or fully_shard-ed) module: saved, and asked for MFU, without DDP's and compile's wrappers
 
 # initialize a GradScaler. If enabled=False scaler is a no-op
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
-
-# optimizer
-# AdamW (or the `optim` key's); with optimizer_in_backward, stepped by hooks as backward finishes each gradient
-optimizer = build_optimizer(model, config, device_type)
-if ddp and parallelism == 'zero1':
-    optimizer = shard_optimizer_state(optimizer) # each rank keeps and steps the AdamW state of its share
 if init_from == 'resume':
     # the optimizer's state, the GradScaler's and each rank's RNG: what an exact resume needs beyond the weights
     restore_training_state(checkpoint, optimizer, scaler, config, ddp_rank, ddp_world_size, device)
@@ -386,7 +372,7 @@ if wandb_log and master_process:
              f'--wandb_log=False')
 
 # training loop
-X, Y = train_batch(iter_num, 0) # fetch the very first batch
+batches = Prefetcher(train_batches(iter_num)) # fetch the very first batch
 t0 = time.time()
 t_start = t0 # for the ETA: the average time of this process's iterations so far, evaluations included
 local_iter_num = 0 # number of iterations in the lifetime of this process
@@ -394,6 +380,10 @@ running_mfu = -1.0
 if device_type == 'cuda':
     torch.cuda.reset_peak_memory_stats(device)
     fixed_memory = torch.cuda.memory_allocated(device) # weights (and resumed optimizer state): what the batch is not
+
+def set_sync(last):
+    """in DDP training we only need to sync gradients at the last micro step (fsdp: reduce-scatter them)"""
+    set_gradient_sync(raw_model if parallelism == 'fsdp' else model, parallelism, last)
 
 def oom_message(e):
     """An out-of-memory error ends the run with what ran out, at what micro-batch, and the next step to take."""
@@ -457,31 +447,9 @@ while True:
         break
 
     # forward backward update, with optional gradient accumulation to simulate larger batch size
-    # and using the GradScaler if data type is float16
-    loss_sum = torch.zeros((), device=device) # the step's mean micro-batch loss, kept on the device: no sync
-    for micro_step in range(gradient_accumulation_steps):
-        if ddp:
-            # in DDP training we only need to sync gradients at the last micro step.
-            set_gradient_sync(raw_model if parallelism == 'fsdp' else model, parallelism,
-                              micro_step == gradient_accumulation_steps - 1)
-        with ctx:
-            logits, loss = model(X, Y, attn_window=window) # logits is None: never built when given targets
-            loss = loss / gradient_accumulation_steps # scale the loss to account for gradient accumulation
-        loss_sum += loss.detach()
-        # immediately async prefetch next batch while model is doing the forward pass on the GPU
-        last = micro_step == gradient_accumulation_steps - 1
-        X, Y = train_batch(iter_num + 1, 0) if last else train_batch(iter_num, micro_step + 1)
-        # backward pass, with gradient scaling if training in fp16
-        scaler.scale(loss).backward()
-    # clip the gradient
-    if grad_clip != 0.0:
-        scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip) # before clipping, unscaled
-    # step the optimizer and scaler if training in fp16 (optimizer_in_backward: done in backward, nothing left)
-    scaler.step(optimizer)
-    scaler.update()
-    # flush the gradients as soon as we can, no need for this memory anymore
-    optimizer.zero_grad(set_to_none=True)
+    # and using the GradScaler if data type is float16 (training/step.py: the step the estimator and benchmarks take)
+    loss_sum, grad_norm = train_step(model, optimizer, batches, gradient_accumulation_steps, ctx, scaler, grad_clip,
+                                     window, set_sync if ddp else None)
 
     # timing and logging
     t1 = time.time()

@@ -4,6 +4,7 @@ tensors don't show. The core of estimate_memory.py and of train.py's auto_batch_
 """
 import contextlib
 import io
+import itertools
 from unittest import mock
 
 import torch
@@ -11,15 +12,14 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 import model as model_module
-from model import GPT, GPTConfig, naive_cross_entropy
-from training import optim, rules
+from model import chunked_cross_entropy, naive_cross_entropy
+from training import optim, rules, step
 from training.checkpoint import load_checkpoint
 from training.errors import ConfigError
 from training.memory.advice import resplit
 from training.memory.tracer import CUDA_ALIGNMENT, MemoryTracer
 from training.device import DTYPES, TORCH_DTYPES
-from training.parallel import (fsdp_param_dtype, local_optimizer, set_gradient_sync, shard_model,
-                               shard_optimizer_state)
+from training.parallel import local_optimizer, set_gradient_sync
 
 GIB = 2 ** 30
 MIB = 2 ** 20
@@ -35,7 +35,8 @@ TRACED_ITERATIONS = 2
 # Micro-steps 3 and later repeat micro-step 2 exactly (the gradients already exist and are accumulated in place),
 # so at most 2 are traced per iteration.
 TRACED_MICRO_STEPS = 2
-LOSSES = ('chunked', 'naive')
+LOSS_FUNCTIONS = {'chunked': chunked_cross_entropy, 'naive': naive_cross_entropy}
+LOSSES = tuple(LOSS_FUNCTIONS)
 # estimate_memory.py's own keys (its --help shows these comments)
 ESTIMATOR_DEFAULTS = dict(
     gpu_memory_gb=12.0, # the card's memory in GiB (a "12 GB" card has 12 GiB); gpu_headroom_gb of it is left free
@@ -85,30 +86,24 @@ def model_args(config):
     return rules.model_args(config, rules.meta_vocab_size(config), resumed)
 
 
-def build(config, activation_checkpointing, mesh=None, device_type='cuda'):
-    """train.py's model and optimizer, on the current device and mode, sharded over `mesh` (see sharded_rank) as
+def build(config, device='cpu', device_type='cuda', mesh=None, **options):
+    """train.py's model and optimizer (training.step.build) on `device`, sharded over `mesh` (see sharded_rank) as
     config's parallelism does; their stdout (print) goes nowhere. A pretrained model is built with its shape, not
-    loaded: the memory is the same. The optimizer is the one train.py builds on `device_type` (fused on CUDA)."""
+    loaded: the memory is the same. The optimizer is the one train.py builds on `device_type` (fused on CUDA).
+    options: GPT's constructor keywords (the tracer's loss_fn, flash_kernel)."""
     with contextlib.redirect_stdout(io.StringIO()):
         with unset_fake_temporarily():  # a library's one-off setup on real tensors (torchao's 8-bit code maps)
             optim.warm_up(config['optim'])
         args, _ = model_args(config)
         default_dtype = torch.get_default_dtype()
-        # made in weight_dtype, as train.py casts it: model.to() would swap the fake parameters, which the tracer's
-        # weakrefs forbid
+        # made in weight_dtype, so that build's cast to it changes nothing: model.to() would swap the fake
+        # parameters, which the tracer's weakrefs forbid
         torch.set_default_dtype(TORCH_DTYPES[config['weight_dtype']])
         try:
-            model = GPT(GPTConfig(**args))
+            return step.build({**config, 'init_from': 'scratch'}, args, device, device_type, sharded=mesh is not None,
+                              mesh=mesh, **options)
         finally:
             torch.set_default_dtype(default_dtype)
-        model.activation_checkpointing = activation_checkpointing
-        if mesh is not None and config['parallelism'] == 'fsdp':
-            shard_model(model, mesh, param_dtype=fsdp_param_dtype(config))
-        optimizer = optim.build_optimizer(model, config, device_type)  # in backward: stepped in backward's hooks
-        if mesh is not None and config['parallelism'] == 'zero1':
-            optimizer = shard_optimizer_state(optimizer)
-    return model, optimizer
-
 
 
 def rows_as_documents(idx, doc_token):
@@ -134,13 +129,14 @@ def random_batch(batch_size, block_size, vocab_size, device):
 
 
 def train_iterations(model, optimizer, config, batch_size, device_type, warm_start=False, progress=silent):
-    """train.py's loop (without GradScaler: scalars only), TRACED_ITERATIONS iterations of traced micro-steps.
-    warm_start, for the batch search: the first optimizer step alone, on zero gradients, then one micro-step: the
-    same peak in a quarter of the time, as the steps left out hold a subset of the traced one's tensors."""
-    block, vocab, accumulation = model.config.block_size, model.config.vocab_size, config['gradient_accumulation_steps']
+    """train.py's iterations (training.step.train_step, without GradScaler: scalars only), TRACED_ITERATIONS of
+    traced micro-steps. warm_start, for the batch search: the first optimizer step alone, on zero gradients, then one
+    micro-step: the same peak in a quarter of the time, as the steps left out hold a subset of the traced one's
+    tensors. Returns the last iteration's (loss, gradient norm), as train_step."""
+    block, vocab = model.config.block_size, model.config.vocab_size
     iterations, micro_steps = TRACED_ITERATIONS, traced_micro_steps(config)
     model.train()
-    X, Y = random_batch(batch_size, block, vocab, device_type)
+    results = None  # train.py's loss and gradient norm of an iteration, referenced until the next one returns
     if warm_start:
         in_backward = isinstance(optimizer, optim.OptimizerInBackward)
         for p in model.parameters():
@@ -154,23 +150,16 @@ def train_iterations(model, optimizer, config, batch_size, device_type, warm_sta
         optimizer.step()
         if micro_steps == 1:
             optimizer.zero_grad(set_to_none=True)
-        loss = torch.zeros(())  # the previous micro-step's loss, still referenced during the next forward
+        results = torch.zeros(()), torch.zeros(()) if config['grad_clip'] != 0.0 else None
         iterations, micro_steps = 1, 1
     sharded = hasattr(model, 'set_requires_gradient_sync')  # FSDP: train.py reduce-scatters on the last micro-step
+    set_sync = (lambda last: set_gradient_sync(model, 'fsdp', last)) if sharded else None
+    batches = step.Prefetcher(random_batch(batch_size, block, vocab, device_type) for _ in itertools.count())
     for iteration in range(iterations):
-        for micro_step in range(micro_steps):
-            progress(f'  iteration {iteration + 1} of {iterations}, micro-step {micro_step + 1} of {micro_steps}')
-            if sharded:
-                set_gradient_sync(model, 'fsdp', micro_step == micro_steps - 1)
-            with autocast(device_type, config):
-                _, loss = model(X, Y)
-                loss = loss / accumulation
-            X, Y = random_batch(batch_size, block, vocab, device_type)  # prefetch, as train.py
-            loss.backward()
-        if config['grad_clip'] != 0.0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config['grad_clip'])
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        progress(f'  iteration {iteration + 1} of {iterations}, {micro_steps} micro-step{"s" * (micro_steps > 1)}')
+        results = step.train_step(model, optimizer, batches, micro_steps, autocast(device_type, config),
+                                  grad_clip=config['grad_clip'], set_sync=set_sync)
+    return results
 
 
 @torch.no_grad()
@@ -220,11 +209,10 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
     tracer = MemoryTracer(alignment)
     with (sharded_rank(config) as mesh, FakeTensorMode(), tracer, optim.representative_updates_only(),
           mock.patch.object(model_module, 'document_segments', rows_as_documents)):
-        model, optimizer = build(config, activation_checkpointing, mesh, device_type)
         # attn_window and doc_token run in FlashAttention's kernel on CUDA (GPT.varlen_kernel), which a fake tensor on
         # the CPU traces: its kept tensors, not the masked blocks a CPU computes
-        model.varlen_attention = device_type == 'cuda'
-        model.loss_fn = tracer.traced_loss(naive_cross_entropy if loss == 'naive' else model.loss_fn)
+        model, optimizer = build(config, 'cpu', device_type, mesh, flash_kernel=device_type == 'cuda',
+                                 loss_fn=tracer.traced_loss(LOSS_FUNCTIONS[loss]))
         tracer.watch(model, local_optimizer(optimizer))
         for block in model.transformer.h:
             # CUDA's attention kernels apply dropout inside the kernel and keep no T x T matrix; CPU's SDPA falls
@@ -343,9 +331,7 @@ def measure(config, loss='chunked'):
     iterations and the evaluation forward, run for real on CUDA."""
     measured = dict(device=torch.cuda.get_device_name())
     with torch.device('cuda'):
-        model, optimizer = build(config, config['activation_checkpointing'])
-        if loss == 'naive':
-            model.loss_fn = naive_cross_entropy
+        model, optimizer = build(config, 'cuda', loss_fn=LOSS_FUNCTIONS[loss])
         for phase, run in (('train', lambda: train_iterations(model, optimizer, config, config['batch_size'], 'cuda')),
                            ('eval', lambda: eval_forward(model, config, config['eval_batch_size'] or
                                                          config['batch_size'], 'cuda'))):

@@ -12,7 +12,7 @@ def real_cpu_peak(config):
     (each event is +bytes or -bytes, in time order)."""
     gc.collect()  # nothing allocated before the profile may be freed during it
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model, optimizer = em.build(config, config['activation_checkpointing'])
+        model, optimizer = em.build(config)
         em.train_iterations(model, optimizer, config, config['batch_size'], 'cpu')
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == '[memory]'),
                     key=lambda e: e.start_ns())

@@ -1,0 +1,104 @@
+"""train.py's model, optimizer and training step, as functions: train.py's loop, the memory estimator's trace, bench.py,
+bench_optim.py and the tests all call these, so what they run, measure or estimate is the step train.py takes."""
+from contextlib import nullcontext
+
+import torch
+
+from model import GPT, GPTConfig
+from training.checkpoint import load_model_state, pretrained_model
+from training.device import TORCH_DTYPES
+from training.optim import build_optimizer
+from training.parallel import fsdp_param_dtype, shard_model, shard_optimizer_state
+
+NO_SCALER = torch.amp.GradScaler('cpu', enabled=False) # disabled: scale, unscale_ and update do nothing
+
+
+def build_model(config, model_args, checkpoint=None, **options):
+    """train.py's model for `config`, on the CPU in config's weight_dtype (bf16 weights never exist there in fp32):
+    GPT(model_args) from scratch, with `checkpoint`'s weights if given, or the pretrained weights init_from names
+    (cropped to model_args' block_size). options: GPT's constructor keywords beyond config's (tools: loss_fn,
+    flash_kernel)."""
+    init_from = config['init_from']
+    if init_from in ('scratch', 'resume'):
+        model = GPT(GPTConfig(**model_args), activation_checkpointing=config['activation_checkpointing'], **options)
+        if checkpoint is not None:
+            load_model_state(model, checkpoint, config['out_dir'])
+    else: # only dropout can be overridden
+        model = pretrained_model(init_from, config['dropout'],
+                                 activation_checkpointing=config['activation_checkpointing'], **options)
+        if model_args['block_size'] < model.config.block_size: # crop down the block size, using model surgery
+            model.crop_block_size(model_args['block_size'])
+    weight_dtype = TORCH_DTYPES[config['weight_dtype']]
+    if model.lm_head.weight.dtype != weight_dtype: # a fake model (the estimator's) is built in it: to() would swap
+        model.to(weight_dtype)                     # its parameters, which the tracer's weakrefs forbid
+    return model
+
+
+def build(config, model_args, device, device_type, checkpoint=None, sharded=False, mesh=None, **options):
+    """train.py's (model, optimizer): build_model's model moved to `device`, and config's optimizer for it, built as
+    on `device_type` (fused AdamW on CUDA). sharded: under a process group of several ranks (the default one, or
+    `mesh`), where parallelism='fsdp' shards the model and 'zero1' the optimizer's state."""
+    model = build_model(config, model_args, checkpoint, **options)
+    if model.lm_head.weight.device != torch.device(device): # as for the dtype: no to() where it would change nothing
+        model.to(device)
+    if sharded and config['parallelism'] == 'fsdp': # before the optimizer, which must see the shards
+        shard_model(model, mesh, param_dtype=fsdp_param_dtype(config)) # in place: the weights split over the ranks
+    # AdamW (or the `optim` key's); with optimizer_in_backward, stepped by hooks as backward finishes each gradient
+    optimizer = build_optimizer(model, config, device_type)
+    if sharded and config['parallelism'] == 'zero1':
+        optimizer = shard_optimizer_state(optimizer) # each rank keeps and steps the AdamW state of its share
+    return model, optimizer
+
+
+class Prefetcher:
+    """A run's micro-batches (X, Y), in the order `batches` iterates over them, each fetched one ahead of its use:
+    nanoGPT's loop fetches the next batch while the GPU runs the forward. Between steps it holds the batch fetched
+    ahead, which the next step takes: no caller keeps a step's first batch alive through the step."""
+
+    def __init__(self, batches):
+        self.batches = iter(batches)
+        self.ahead = next(self.batches)
+
+    def take(self):
+        batch, self.ahead = self.ahead, None
+        return batch
+
+    def fetch(self):
+        self.ahead = next(self.batches)
+        return self.ahead
+
+
+def train_step(model, optimizer, batches, accumulation, ctx=nullcontext(), scaler=None, grad_clip=0.0,
+               attn_window=None, set_sync=None):
+    """One iteration of train.py: `accumulation` micro-steps of forward and backward on the micro-batches of
+    `batches` (a Prefetcher), each loss scaled by 1/accumulation, then clipping at grad_clip (0: none), the
+    optimizer's step through the GradScaler (fp16; None: none) and the gradients freed. With optimizer_in_backward
+    the step ran in backward and there is none left. set_sync(last): under DDP or fsdp, whether the next backward
+    reduces the gradients over the ranks: only on the last micro-step. Returns the mean micro-batch loss as a tensor
+    on the device (no sync) and the gradient norm before clipping (None without clipping)."""
+    scaler = scaler or NO_SCALER
+    X, Y = batches.take() # fetched during the step before
+    loss_sum = torch.zeros((), device=X.device) # the mean micro-batch loss, kept on the device: no sync
+    for micro_step in range(accumulation):
+        if set_sync is not None:
+            set_sync(micro_step == accumulation - 1)
+        with ctx:
+            logits, loss = model(X, Y, attn_window=attn_window) # logits is None: never built when given targets
+            loss = loss / accumulation # scale the loss to account for gradient accumulation
+        loss_sum += loss.detach()
+        # immediately async prefetch next batch while model is doing the forward pass on the GPU
+        X, Y = batches.fetch()
+        # backward pass, with gradient scaling if training in fp16
+        scaler.scale(loss).backward()
+        del loss # not kept through the next micro-step's forward: loss_sum holds its value
+    # clip the gradient
+    grad_norm = None
+    if grad_clip != 0.0:
+        scaler.unscale_(optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip) # before clipping, unscaled
+    # step the optimizer and scaler if training in fp16
+    scaler.step(optimizer)
+    scaler.update()
+    # flush the gradients as soon as we can, no need for this memory anymore
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm
