@@ -15,6 +15,7 @@ checkpointing) and optimizer (optim and its keys), from scratch, without its lea
 """
 import gc
 import importlib
+import itertools
 import os
 import sys
 import time
@@ -26,9 +27,10 @@ import torch
 import torch.nn.functional as F
 
 import configurator
-from model import GPTConfig, GPT, chunked_cross_entropy, default_chunk_size, naive_cross_entropy
+from model import GPTConfig, chunked_cross_entropy, default_chunk_size, naive_cross_entropy
 from training import rules
-from training.optim import build_optimizer, warm_up
+from training.optim import warm_up
+from training.step import Prefetcher, build, build_model, train_step
 from training.device import TORCH_DTYPES, check_device, default_device, default_dtype, peak_flops
 from training.errors import ConfigError, fail, first_line, install_handler
 from training.memory.tracer import MemoryTracer
@@ -125,6 +127,7 @@ globals().update(config)
 torch.manual_seed(seed)
 ptdtype = TORCH_DTYPES[dtype]
 ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16')) # as train.py's
 synchronize = torch.cuda.synchronize if device_type == 'cuda' else lambda: None
 
 
@@ -189,10 +192,12 @@ def largest_micro_batch(train_step, optimizer, good, bad=None):
     return good
 
 
-def build_model():
-    """A fresh model of train.py's for this config's architecture (GPT-2's by default) with vocab_size tokens."""
-    args, _ = rules.model_args({**config, 'init_from': 'scratch', 'hellaswag': False}, vocab_size)
-    return GPT(GPTConfig(**args))
+SCRATCH = dict(init_from='scratch', hellaswag=False) # bench's models: from scratch, the config's architecture
+
+
+def model_args():
+    """train.py's model_args for this config's architecture (GPT-2's by default) with vocab_size tokens."""
+    return rules.model_args({**config, **SCRATCH}, vocab_size)[0]
 
 
 def bench_train_loss(name, get_batch, device_peak):
@@ -200,26 +205,19 @@ def bench_train_loss(name, get_batch, device_peak):
     `name`'s loss: a dict of its figures, with an 'oom' flag if batch_size ran out of GPU memory."""
     print(f'loss={name}, micro-batch {batch_size} x {block_size} tokens')
     torch.manual_seed(seed)
-    model = build_model()
-    model.activation_checkpointing = activation_checkpointing
-    model.to(TORCH_DTYPES[weight_dtype]).to(device) # as train.py: weights in weight_dtype before the GPU holds them
-    model.loss_fn = LOSSES[name]
     warm_up(optim)
-    optimizer = build_optimizer(model, config, device_type) # optimizer_in_backward: stepped in backward
+    # train.py's model and optimizer (optimizer_in_backward: stepped in backward), with this loss
+    model, optimizer = build({**config, **SCRATCH}, model_args(), device, device_type, loss_fn=LOSSES[name])
     raw_model = model
     if compile:
         print('compiling the model...')
         model = torch.compile(model)
 
     def train_steps(steps, get_batch, after_step=lambda: None):
-        X, Y = get_batch()
+        """train.py's step, one micro-batch each (no accumulation), without its learning rate schedule."""
+        batches = Prefetcher(get_batch() for _ in itertools.count())
         for k in range(steps):
-            with ctx:
-                _, loss = model(X, Y)
-            X, Y = get_batch()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            loss, _ = train_step(model, optimizer, batches, 1, ctx, scaler, grad_clip)
             print(f'{k}/{steps} loss {loss.item():.4f}')
             after_step()
 
@@ -461,7 +459,7 @@ def bench_loss():
 def bench_sample():
     """GPT.generate from a one-token prompt with its KV cache, and as nanoGPT's (use_cache=False: the whole sequence
     runs again for each token), each after the same seed: their times, the speed-up, and whether the tokens agree."""
-    model = build_model().to(device).eval()
+    model = build_model({**config, **SCRATCH}, model_args()).to(device).eval()
     prompt = torch.zeros((1, 1), dtype=torch.long, device=device)
     print(f'generate: {max_new_tokens} new tokens after a 1-token prompt, block_size {block_size}, {n_layer} layers, '
           f'n_embd {n_embd}, {dtype}, {device}, {torch.get_num_threads()} threads')

@@ -25,6 +25,7 @@ $ python bench_optim.py --dataset=shakespeare_char --runs=ablation --seeds=1,2
 
 Keys are overridden as in train.py: config files, then --key=value (python bench_optim.py --help lists them).
 """
+import itertools
 import json
 import os
 import sys
@@ -35,8 +36,7 @@ import numpy as np
 import torch
 
 import configurator
-from model import GPT, GPTConfig
-from training import recipe, rules
+from training import recipe, rules, step
 from training.device import TORCH_DTYPES
 from training.errors import ConfigError, install_handler
 from training.optim import build_optimizer, check_config, group_lr, muon_matrices, muon_momentum_at
@@ -147,25 +147,26 @@ def state_bytes(optimizer, params):
 
 
 def build(run, seed):
-    """The model, optimizer, autocast context and train.py keys of `run`, from the seed's initial weights (cast as
-    train.py casts them)."""
+    """The model, optimizer, autocast context and train.py keys of `run`, from the seed's initial weights (built as
+    train.py builds them)."""
     keys = keys_by_run[run]
     torch.manual_seed(seed)
     model_args, _ = rules.model_args(keys, meta_vocab)
-    model = GPT(GPTConfig(**model_args)).to(TORCH_DTYPES[keys['weight_dtype']])
-    model.activation_checkpointing = activation_checkpointing
-    ctx = nullcontext() if dtype == 'float32' else torch.autocast('cpu', dtype=TORCH_DTYPES[dtype],
-                                                                  cache_enabled=keys['autocast_cache'])
-    if keys.get('nearest'):
+    model = step.build_model(keys, model_args)
+    if keys.get('nearest'): # torch's AdamW, which rounds each update of bf16 weights to nearest
         optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), 'cpu')
     else:
         optimizer = build_optimizer(model, keys, 'cpu')
+    ctx = nullcontext() if dtype == 'float32' else torch.autocast('cpu', dtype=TORCH_DTYPES[dtype],
+                                                                  cache_enabled=keys['autocast_cache'])
     return model, optimizer, ctx, keys
 
 
 def train(run, seed, val_batches):
     """({step: val loss}, seconds per step, optimizer-state bytes) of `run` from `seed`."""
     model, optimizer, ctx, keys = build(run, seed)
+    batches = step.Prefetcher(tuple(t.view(-1, keys['block_size']) for t in windows('train', np.random.default_rng(
+        (seed, 0, it)))) for it in itertools.count()) # as train.py's: each step's batch fetched during the one before
     curve, seconds = {}, 0.0
     for it in range(max_iters + 1):
         window = attn_window_at(it, keys['attn_window'], keys['attn_window_warmup_start'],
@@ -181,14 +182,7 @@ def train(run, seed, val_batches):
             group['lr'] = group_lr(group, lr, keys)
             if group.get('muon'):
                 group['momentum'] = muon_momentum_at(it, keys)
-        x, y = (t.view(-1, keys['block_size']) for t in windows('train', np.random.default_rng((seed, 0, it))))
-        with ctx:
-            _, loss = model(x, y, attn_window=window)
-        loss.backward()
-        if grad_clip != 0.0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        step.train_step(model, optimizer, batches, 1, ctx, grad_clip=grad_clip, attn_window=window)
         seconds += time.perf_counter() - t0
     matrices = muon_matrices(model)
     in_muon = {id(p) for p in matrices}

@@ -4,6 +4,7 @@ BPE."""
 import atexit
 import functools
 import hashlib
+import itertools
 import json
 import os
 import pickle
@@ -20,6 +21,7 @@ import torch
 
 from model import GPT, GPTConfig
 import script_server
+from training.step import Prefetcher, train_step
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASET = 'tiny_char'
@@ -80,26 +82,29 @@ def softcap_inputs(dtype, n=70, d=16, v=97, seed=0):
     return h, w, t
 
 
-def train_steps(model, optimizers, steps, first=0, scaler=None):
-    """train.py's step (no accumulation, no clipping) on one fixed batch, steps first .. first+steps-1, each group's
-    learning rate warming up linearly to the one it holds when called; `optimizers` are stepped in turn (one, or two
-    side by side), through `scaler` if given. The losses."""
+def fixed_batch(model):
+    """(x, y): 4 rows of random tokens of `model`'s vocabulary and block size, the same at every call."""
     generator = torch.Generator().manual_seed(1)
-    x, y = (torch.randint(model.config.vocab_size, (4, model.config.block_size), generator=generator)
-            for _ in range(2))
-    peaks = [[group['lr'] for group in optimizer.param_groups] for optimizer in optimizers]
+    return tuple(torch.randint(model.config.vocab_size, (4, model.config.block_size), generator=generator)
+                 for _ in range(2))
+
+
+def warm_up_lr(optimizer, peaks, step, steps):
+    """Each group's learning rate at `step` of a linear warmup over `steps` to its peak (peaks: one a group)."""
+    for group, lr in zip(optimizer.param_groups, peaks):
+        group['lr'] = lr * (step + 1) / steps
+
+
+def train_steps(model, optimizer, steps, first=0, scaler=None):
+    """train.py's step (training.step.train_step: no accumulation, no clipping) on one fixed batch, steps first ..
+    first+steps-1, each group's learning rate warming up linearly to the one it holds when called, through `scaler`
+    if given. The losses."""
+    batches = Prefetcher(itertools.repeat(fixed_batch(model)))
+    peaks = [group['lr'] for group in optimizer.param_groups]
     losses = []
     for step in range(first, first + steps):
-        for optimizer, peak in zip(optimizers, peaks):
-            for group, lr in zip(optimizer.param_groups, peak):
-                group['lr'] = lr * (step + 1) / (first + steps)
-        _, loss = model(x, y)
-        (scaler.scale(loss) if scaler else loss).backward()
-        for optimizer in optimizers:
-            scaler.step(optimizer) if scaler else optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        if scaler:
-            scaler.update()
+        warm_up_lr(optimizer, peaks, step, first + steps)
+        loss, _ = train_step(model, optimizer, batches, 1, scaler=scaler)
         losses.append(loss.item())
     return losses
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from helpers import tiny_gpt, train_steps
+from helpers import fixed_batch, tiny_gpt, train_steps, warm_up_lr
 from training import optim
 from training.errors import ConfigError
 from training.memory.tracer import inner_tensors
@@ -40,7 +40,7 @@ def test_in_backward_step_gives_the_standard_loops_parameters(optim_name):
     exact."""
     standard_model, standard = gpt_and_optimizer(optim_name)
     fused_model, fused = gpt_and_optimizer(optim_name, in_backward=True)
-    assert train_steps(standard_model, [standard], 4) == train_steps(fused_model, [fused], 4)
+    assert train_steps(standard_model, standard, 4) == train_steps(fused_model, fused, 4)
     for a, b in zip(standard_model.parameters(), fused_model.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
     # the checkpoint's optimizer state has the standard optimizer's layout and values, and loads either way
@@ -63,7 +63,7 @@ def moment_bytes(optimizer):
 def test_low_memory_optimizers_train_like_adamw_with_smaller_state(optim_name):
     adamw_model, adamw = gpt_and_optimizer()
     model, optimizer = gpt_and_optimizer(optim_name)
-    reference, losses = train_steps(adamw_model, [adamw], 20), train_steps(model, [optimizer], 20)
+    reference, losses = train_steps(adamw_model, adamw, 20), train_steps(model, optimizer, 20)
     assert losses[-1] < 0.5 * losses[0]
     assert losses[-1] == pytest.approx(reference[-1], rel=0.1, abs=0.05)
     params = list(model.parameters())
@@ -154,7 +154,7 @@ def test_sliced_adamw_on_fp32_weights_is_torchs_adamw():
     reference_model, reference = gpt_and_optimizer()
     model, _ = gpt_and_optimizer()
     sliced = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu', optim.SlicedAdamW)
-    assert train_steps(model, [sliced], 5) == pytest.approx(train_steps(reference_model, [reference], 5), abs=1e-6)
+    assert train_steps(model, sliced, 5) == pytest.approx(train_steps(reference_model, reference, 5), abs=1e-6)
     for a, b in zip(model.parameters(), reference_model.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
@@ -180,7 +180,7 @@ def test_a_bf16_weight_update_lands_on_a_neighbour_of_the_fp32_update():
 def test_loaded_moments_keep_their_dtype():
     """torch's load_state_dict casts moments to the parameters' dtype: bf16 moments would double after a resume."""
     model, optimizer = gpt_and_optimizer('adamw_bf16')
-    train_steps(model, [optimizer], 1)
+    train_steps(model, optimizer, 1)
     fresh_model, fresh = gpt_and_optimizer('adamw_bf16')
     fresh.load_state_dict(optimizer.state_dict())
     assert {t.dtype for state in fresh.state.values() for t in state.values() if t.dim()} == {torch.bfloat16}
@@ -209,6 +209,22 @@ def test_muon_groups_hold_exactly_the_blocks_matrices():
     assert len(muon['params']) + len(decay['params']) + len(no_decay['params']) == len(list(model.parameters()))
 
 
+def reference_steps(model, optimizers, steps, scaler=None):
+    """train_steps' steps with torch's optimizers stepped side by side, each through `scaler` if given."""
+    x, y = fixed_batch(model)
+    peaks = [[group['lr'] for group in optimizer.param_groups] for optimizer in optimizers]
+    for step in range(steps):
+        for optimizer, peak in zip(optimizers, peaks):
+            warm_up_lr(optimizer, peak, step, steps)
+        _, loss = model(x, y)
+        (scaler.scale(loss) if scaler else loss).backward()
+        for optimizer in optimizers:
+            scaler.step(optimizer) if scaler else optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if scaler:
+            scaler.update()
+
+
 @pytest.mark.parametrize('scaled', [False, True])
 def test_steps_equal_torchs_muon_and_adamw_on_the_same_groups(scaled):
     """Also through GradScaler (fp16's; its power-of-two scale unscales exactly), which steps it as any optimizer."""
@@ -218,8 +234,8 @@ def test_steps_equal_torchs_muon_and_adamw_on_the_same_groups(scaled):
     muon = torch.optim.Muon(groups[:1], lr=0.02, momentum=0.95)
     adamw = torch.optim.AdamW(groups[1:], lr=1e-3, betas=(0.9, 0.95))
     scalers = [torch.amp.GradScaler('cpu') if scaled else None for _ in range(2)]
-    train_steps(model, [optimizer], 3, scaler=scalers[0])
-    train_steps(reference, [muon, adamw], 3, scaler=scalers[1])
+    train_steps(model, optimizer, 3, scaler=scalers[0])
+    reference_steps(reference, [muon, adamw], 3, scaler=scalers[1])
     assert_same_parameters(model, reference)
     for p, q in zip(model.parameters(), reference.parameters()):
         expected = (muon.state if q in muon.state else adamw.state)[q]
@@ -231,10 +247,10 @@ def test_state_dict_resumes_exactly():
     """Torch's layout, both optimizers' state in one dict (Muon's momentum for the matrices, AdamW's moments for the
     rest), through torch.save and a weights_only load as train.py's checkpoint; the resumed steps repeat."""
     model, optimizer = gpt_and_optimizer('muon')
-    train_steps(model, [optimizer], 2)
+    train_steps(model, optimizer, 2)
     buffer = io.BytesIO()
     torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, buffer)
-    train_steps(model, [optimizer], 3, first=2)
+    train_steps(model, optimizer, 3, first=2)
     buffer.seek(0)
     saved = torch.load(buffer, weights_only=True)
     kinds = {frozenset(state) for state in saved['optimizer']['state'].values()}
@@ -242,7 +258,7 @@ def test_state_dict_resumes_exactly():
     resumed, resumed_optimizer = gpt_and_optimizer('muon')
     resumed.load_state_dict(saved['model'])
     resumed_optimizer.load_state_dict(saved['optimizer'])
-    train_steps(resumed, [resumed_optimizer], 3, first=2)
+    train_steps(resumed, resumed_optimizer, 3, first=2)
     assert_same_parameters(resumed, model)
 
 
