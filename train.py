@@ -46,7 +46,7 @@ from training import rules
 from training.checkpoint import checkpoint_path, load_checkpoint, restore_training_state, save_checkpoint
 from training.data import get_encoding
 from training.device import TORCH_DTYPES, check_device, peak_flops
-from training.errors import fail, first_line, install_handler, on_error
+from training.errors import INTERRUPTED_STATUS, fail, first_line, install_handler, on_error
 from training.hellaswag import cached_val_file, evaluate, read_examples, report_cut_contexts
 from training.memory.advice import cuda_memory_stats, oom_advice
 from training.optim import group_lr, muon_momentum_at
@@ -281,6 +281,17 @@ if init_from == 'resume':
     # the optimizer's state, the GradScaler's and each rank's RNG: what an exact resume needs beyond the weights
     restore_training_state(checkpoint, optimizer, scaler, config, ddp_rank, ddp_world_size, device)
 checkpoint = None # free up memory
+saved_iter = iter_num if init_from == 'resume' else None # the iteration ckpt.pt holds, for Ctrl-C's line
+
+def interrupted(e):
+    """Ctrl-C: one line saying what the last checkpoint holds and how to go on, and the shell's status 130. Nothing is
+    lost: save_checkpoint replaces ckpt.pt whole, so a save that Ctrl-C cut short leaves the last one as it was."""
+    if saved_iter is None:
+        held = f'no checkpoint written yet (one is saved at each eval_interval={eval_interval} iterations)'
+    else:
+        held = f'{checkpoint_path(out_dir)} holds iter {saved_iter}: go on with --init_from=resume'
+    return f'interrupted at iter {iter_num}: {held}', dict(status=INTERRUPTED_STATUS)
+on_error(KeyboardInterrupt, interrupted)
 
 def window_at(it):
     """The sliding window of iteration `it`: attn_window, or on its way there with attn_window_warmup_iters."""
@@ -442,6 +453,7 @@ while True:
                         'scaler': scaler.state_dict(),
                         'rng_states': rng_states,
                     }, out_dir)
+                saved_iter = iter_num
                 model_state = optimizer_state = None # free the gathered copies before training goes on
     if eval_only:
         break

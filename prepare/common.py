@@ -9,14 +9,13 @@ import sys
 import numpy as np
 
 from training.data import atomic_files, download, temporary_name
-from training.errors import ConfigError, fail, first_line, print_error
+from training.errors import INTERRUPTED_STATUS, ConfigError, fail, first_line, print_error
 from training.paths import check_writable_dir
 
 SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
 UINT16_IDS = 2 ** 16  # train.bin/val.bin hold uint16 ids, so a vocabulary may have at most this many tokens
 TRAIN_FRACTION = 0.9  # nanoGPT's shakespeare split: the first 90% of the text trains, the rest validates
 OUTPUT_NAMES = ('train.bin', 'val.bin', 'meta.pkl', 'input.txt')  # what the scripts write to their out_dir
-INTERRUPTED_STATUS = 130  # what a shell reports for a process that Ctrl-C (SIGINT, 2) ended: 128 + 2
 
 
 class PrepareError(ConfigError):

@@ -8,6 +8,8 @@ import time
 
 # seconds a rank other than 0 waits before it reports an error that every rank may share (see fail)
 OTHER_RANKS_WAIT = 10
+ERROR_STATUS = 2
+INTERRUPTED_STATUS = 130  # what a shell reports for a process that Ctrl-C (SIGINT, 2) ended: 128 + 2
 
 
 class ConfigError(ValueError):
@@ -35,7 +37,7 @@ def fail(message, every_rank=False, secondary=False):
     report(message, every_rank, secondary)
     if _distributed_is_initialized():
         _exit_now()
-    sys.exit(2)
+    sys.exit(ERROR_STATUS)
 
 
 def report(message, every_rank=False, secondary=False):
@@ -55,7 +57,7 @@ def _distributed_is_initialized():
     return distributed is not None and distributed.is_available() and distributed.is_initialized()
 
 
-def _exit_now(status=2):
+def _exit_now(status=ERROR_STATUS):
     """Exit at once with `status`, from anywhere, even an excepthook (where SystemExit is not honoured). Without a
     process group the atexit functions run first (wandb, tqdm); with one they are skipped, as fail() explains."""
     sys.stdout.flush()
@@ -65,8 +67,9 @@ def _exit_now(status=2):
     os._exit(status)
 
 
-# (exception type, describe) pairs, the newest last; describe(e) gives the message, or (message, report's options),
-# or None for an exception it does not explain, whose traceback is shown as usual
+# (exception type, describe) pairs, the newest last; describe(e) gives the message, or (message, options: report's,
+# and `status`, the exit status, ERROR_STATUS by default), or None for an exception it does not explain, whose
+# traceback is shown as usual
 _handlers = []
 
 
@@ -76,28 +79,32 @@ def on_error(exc_type, describe):
 
 
 def report_failure(exc):
-    """Print the one line of the newest handler that explains `exc`, and say whether one did."""
+    """Print the one line of the newest handler that explains `exc` and return its exit status; None if none does."""
     for exc_type, describe in reversed(_handlers):
         if isinstance(exc, exc_type):
             failure = describe(exc)
             if failure is not None:
                 message, options = (failure, {}) if isinstance(failure, str) else failure
+                options = dict(options)
+                status = options.pop('status', ERROR_STATUS)
                 report(message, **options)
-                return True
-    return False
+                return status
+    return None
 
 
 def install_handler():
     """The script's one error path: uncaught ConfigErrors (and what on_error registers later) end it with one line
-    and status 2; anything else keeps its traceback. Handlers of an earlier install in this process are dropped."""
-    _handlers[:] = [(ConfigError, str)]
+    and status 2, Ctrl-C with `interrupted` and status 130; anything else keeps its traceback. Handlers of an earlier
+    install in this process are dropped."""
+    _handlers[:] = [(ConfigError, str), (KeyboardInterrupt, lambda e: ('interrupted', {'status': INTERRUPTED_STATUS}))]
 
     def excepthook(exc_type, exc, tb):
         # torch.distributed's own excepthook wraps this one and collects its stderr to prefix it with the rank: the
         # one line goes to the process's stderr itself, since this process exits before that hook writes anything
         captured, sys.stderr = sys.stderr, sys.__stderr__
-        if report_failure(exc):
-            _exit_now()
+        status = report_failure(exc)
+        if status is not None:
+            _exit_now(status)
         sys.stderr = captured
         sys.__excepthook__(exc_type, exc, tb)
 

@@ -5,6 +5,7 @@ out-of-memory error stops the run and leaves ckpt.pt as it was."""
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -137,6 +138,43 @@ def test_kill_during_training_then_resume(tmp_path, data_dir):
     assert sorted(logged_losses(result.stdout)) == [iter_num, iter_num + 1, iter_num + 2]
     assert load(out_dir)['iter_num'] == iter_num + 2
     assert os.listdir(out_dir) == ['ckpt.pt']  # a temporary file of a save the kill cut short is gone
+
+
+def test_ctrl_c_ends_with_one_line_naming_the_checkpoint_and_how_to_resume(tmp_path, data_dir):
+    """SIGINT, as Ctrl-C sends it, once iteration 7 is logged (after the save at 6): exit 130, one line, and ckpt.pt
+    whole at the iteration the line names."""
+    out_dir = tmp_path / 'out'
+    process = subprocess.Popen([sys.executable, 'train.py', *TINY_ARGS, f'--data_dir={data_dir}',
+                                f'--out_dir={out_dir}', '--max_iters=100000', '--eval_interval=6'],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=one_thread_env())
+    for line in process.stdout:
+        if line.startswith('iter 7:'):
+            break
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    saved = load(out_dir)['iter_num']
+    assert process.returncode == 130
+    assert re.fullmatch(rf"error: interrupted at iter \d+: {re.escape(str(out_dir / 'ckpt.pt'))} holds iter "
+                        rf"{saved}: go on with --init_from=resume\n", stderr), stderr
+    assert saved % 6 == 0 and saved >= 6
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_none_was_written(tmp_path, data_dir):
+    out_dir = tmp_path / 'out'
+    process = subprocess.Popen([sys.executable, 'train.py', *TINY_ARGS, f'--data_dir={data_dir}',
+                                f'--out_dir={out_dir}', '--max_iters=100000', '--eval_interval=100000'],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=one_thread_env())
+    for line in process.stdout:
+        if line.startswith('iter 2:'):
+            break
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert re.fullmatch(r'error: interrupted at iter \d+: no checkpoint written yet \(one is saved at each '
+                        r'eval_interval=100000 iterations\)\n', stderr), stderr
+    assert not (out_dir / 'ckpt.pt').exists()
 
 
 def test_nanogpt_checkpoint_resumes(tmp_path, tiny_run):
@@ -392,7 +430,7 @@ for argv, env in json.loads(sys.argv[1]):
         except SystemExit as e:
             status = e.code if isinstance(e.code, int) else 1
         except BaseException as e: # what the excepthook of training.errors.install_handler does, short of exiting
-            status = 2 if errors.report_failure(e) else 1
+            status = errors.report_failure(e) or 1
             if status == 1:
                 traceback.print_exc()
     os.environ.clear()

@@ -66,3 +66,13 @@ def test_an_error_line_is_one_write_so_ranks_sharing_stderr_do_not_interleave(mo
     with pytest.raises(SystemExit):
         fail('bad')
     assert writes == ['error: bad\n']
+
+
+def test_ctrl_c_is_one_line_and_the_shells_status_130_until_a_script_says_more(capsys):
+    from training import errors
+    errors.install_handler()
+    assert errors.report_failure(KeyboardInterrupt()) == 130
+    errors.on_error(KeyboardInterrupt, lambda e: ('interrupted at iter 3', {'status': errors.INTERRUPTED_STATUS}))
+    assert errors.report_failure(KeyboardInterrupt()) == 130
+    assert errors.report_failure(errors.ConfigError('bad key')) == 2
+    assert capsys.readouterr().err == 'error: interrupted\nerror: interrupted at iter 3\nerror: bad key\n'
