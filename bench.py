@@ -466,7 +466,19 @@ def bench_sample():
     runs = {}
     with torch.no_grad(), ctx:
         model.generate(prompt, 2) # warm-up: the first call's one-time costs (kernels, allocator) out of the timing
+        # nanoGPT's generate runs the whole sequence for each new token: its forwards grow from 1 token to the final
+        # length, so its time grows with the square of max_new_tokens. Said before it starts, from the two ends.
+        def forward_seconds(length):
+            synchronize()
+            t0 = time.perf_counter()
+            model(torch.zeros((1, length), dtype=torch.long, device=device))
+            synchronize()
+            return time.perf_counter() - t0
+        expected = max_new_tokens * (forward_seconds(1) + forward_seconds(min(max_new_tokens, block_size))) / 2
+        print(f'nanoGPT generate will take about {expected:.0f}s here; --max_new_tokens sets the length (its time grows '
+              f'with the square of it)', flush=True)
         for name, use_cache in (('nanoGPT generate', False), ('KV cache', True)):
+            print(f'{name}...', flush=True)
             torch.manual_seed(seed)
             synchronize()
             t0 = time.perf_counter()

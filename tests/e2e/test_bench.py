@@ -1,4 +1,6 @@
 """bench.py: both modes on tiny shapes (seconds), and its one-line errors. No timings."""
+import re
+
 import torch
 import torch.nn.functional as F
 
@@ -120,4 +122,7 @@ def test_sample_mode_times_generate_with_and_without_the_cache_and_they_agree():
     assert [row[0] for row in rows] == ['nanoGPT generate', 'KV cache']
     assert all(row[1].endswith('s') and float(row[2]) > 0 for row in rows)
     assert 'generate: 30 new tokens after a 1-token prompt, block_size 16, 1 layers' in result.stdout
+    # said before the long run starts: how long it will take, and the key that shortens it
+    assert re.search(r'\nnanoGPT generate will take about \d+s here; --max_new_tokens sets the length .*\n'
+                     r'nanoGPT generate\.\.\.\n', result.stdout)
     assert result.stdout.splitlines()[-1].endswith('x, same tokens: True')
