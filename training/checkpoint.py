@@ -146,10 +146,20 @@ def pretrained_model(init_from, dropout=0.0, **options):
     if hf.is_folder(init_from):
         return hf.folder_model(init_from, dropout, **options)
     try:
+        from huggingface_hub import try_to_load_from_cache  # a dependency of transformers
+        import transformers  # noqa: F401  GPT.from_pretrained imports it in turn
+    except ImportError:
+        raise ConfigError(f"init_from={init_from} loads OpenAI's weights with Hugging Face transformers: pip install "
+                          f"transformers") from None
+    if not isinstance(try_to_load_from_cache(init_from, 'config.json'), str):
+        print(f"{init_from}'s weights are not in the Hugging Face cache: downloading them (without network access "
+              f"the download is retried for about half a minute)", flush=True)
+    try:
         return GPT.from_pretrained(init_from, dict(dropout=dropout), **options)  # only dropout can be overridden
-    except Exception as e:  # no transformers, no network, no cached weights: the fixes are the same
-        raise ConfigError(f'could not load the {init_from} weights ({first_line(e)}): pip install transformers, and '
-                          f'download them once with network access (Hugging Face cache)') from None
+    except Exception as e:  # no network, no cached weights, a damaged cache: the fixes are the same
+        raise ConfigError(f"could not load the {init_from} weights ({first_line(e)}): they download once into the "
+                          f"Hugging Face cache, which needs network access; or pass --init_from=FOLDER, a folder where "
+                          f"a GPT-2 was saved with save_pretrained") from None
 
 
 def load_model(init_from, out_dir, device):

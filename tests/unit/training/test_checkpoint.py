@@ -92,3 +92,24 @@ def test_save_removes_temporaries_of_killed_saves_only(tmp_path):
         saving.kill()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, 'ckpt.pt'])
     assert live.read_bytes() == b'in progress'
+
+
+def test_gpt2_weights_that_cannot_download_say_so_before_the_wait_and_name_the_folder_fix(monkeypatch, capsys):
+    import huggingface_hub
+    monkeypatch.setattr(huggingface_hub, 'try_to_load_from_cache', lambda repo, name: None)  # not cached
+
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+    monkeypatch.setattr(ckpt.GPT, 'from_pretrained', offline)
+    with pytest.raises(ckpt.ConfigError) as error:
+        ckpt.pretrained_model('gpt2')
+    assert "gpt2's weights are not in the Hugging Face cache: downloading them" in capsys.readouterr().out
+    message = str(error.value)
+    assert message.startswith("could not load the gpt2 weights (We couldn't connect")
+    assert '--init_from=FOLDER' in message and 'pip install' not in message
+
+
+def test_gpt2_weights_without_transformers_say_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, 'transformers', None)  # import transformers raises ImportError
+    with pytest.raises(ckpt.ConfigError, match='pip install transformers'):
+        ckpt.pretrained_model('gpt2')
