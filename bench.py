@@ -8,6 +8,9 @@ $ python bench.py --loss=chunked,naive,torch --find_batch_size=True  # the same 
 $ python bench.py --mode=loss      # the loss path alone: naive, chunked, torch's, Liger's and CCE's (CUDA), matmul
                                    # floor; with --compile=True (the default on CUDA) each also compiled
 $ python bench.py --mode=sample --device=cpu  # GPT.generate with its KV cache against nanoGPT's, 500 new tokens
+$ python bench.py --mode=card      # this GPU with every card preset that fits it: measured peak memory beside the
+                                   # estimate, step time, MFU, the GPU-only checks, hours to the speedrun's budget;
+                                   # writes card.md and card.json (training/card.py; on a CPU, presets scaled down)
 
 Keys are overridden as in train.py: config files, then --key=value (python bench.py --help lists them). train.py's
 keys are bench.py's too: train mode builds train.py's model (architecture keys, weight_dtype, activation
@@ -28,7 +31,7 @@ import torch.nn.functional as F
 
 import configurator
 from model import GPTConfig, chunked_cross_entropy, default_chunk_size, naive_cross_entropy
-from training import rules
+from training import card, rules
 from training.optim import warm_up
 from training.step import Prefetcher, build, build_model, train_step
 from training.device import TORCH_DTYPES, check_device, default_device, default_dtype, peak_flops
@@ -86,6 +89,11 @@ chunk_size = '0' # chunked_cross_entropy's rows per chunk, comma-separated to co
 loss_runs = 5 # timed forward+backward runs per method and N, after a first call; the median is reported
 # sample mode
 max_new_tokens = 500 # generated from a one-token prompt by each generate
+# card mode
+card_presets = '' # the config/*_<N>gb.py presets to run, comma-separated file names; '' = all
+card_seconds = 420 # after this many seconds the presets not yet run are listed as skipped
+card_steps = 3 # timed steps of each preset, after one untimed
+card_report = 'card' # the report's path without its extension: card.md and card.json
 # system
 device = default_device()
 dtype = default_dtype(device)
@@ -101,8 +109,8 @@ config = configurator.load_config(defaults, sys.argv[1:], help_source=(configura
 device_type = check_device(config['device'], config['dtype'])
 if config['mode'] != 'loss': # train.py's checks of the model and optimizer it builds (one process, no accumulation)
     rules.check_config({**config, 'gradient_accumulation_steps': 1, 'init_from': 'scratch'}, 1, device_type)
-if config['mode'] not in ('train', 'loss', 'sample'):
-    raise ConfigError(f"unknown mode {config['mode']!r}: use 'train', 'loss' or 'sample'")
+if config['mode'] not in ('train', 'loss', 'sample', 'card'):
+    raise ConfigError(f"unknown mode {config['mode']!r}: use 'train', 'loss', 'sample' or 'card'")
 try:
     rows_list = [int(n) for n in config['loss_rows'].split(',')]
     chunk_sizes = [int(c) for c in config['chunk_size'].split(',')]
@@ -490,9 +498,20 @@ def bench_sample():
     print(f'speed-up: {uncached_s / cached_s:.1f}x, same tokens: {torch.equal(uncached, cached)}')
 
 
+def bench_card():
+    """training/card.py's measurements of this device with the presets, and its report written."""
+    names = [name for name in card_presets.split(',') if name]
+    result = card.run({k: v for k, v in config.items() if k in configurator.train_defaults()}, device, device_type,
+                      names, steps=card_steps, seconds=card_seconds, progress=lambda line: print(line, flush=True))
+    print(card.markdown(result))
+    print('wrote ' + ' and '.join(card.write_report(result, card_report)))
+
+
 if mode == 'train':
     bench_train()
 elif mode == 'loss':
     bench_loss()
+elif mode == 'card':
+    bench_card()
 else:
     bench_sample()

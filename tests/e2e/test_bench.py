@@ -1,4 +1,5 @@
 """bench.py: both modes on tiny shapes (seconds), and its one-line errors. No timings."""
+import json
 import re
 
 import torch
@@ -126,3 +127,23 @@ def test_sample_mode_times_generate_with_and_without_the_cache_and_they_agree():
     assert re.search(r'\nnanoGPT generate will take about \d+s here; --max_new_tokens sets the length .*\n'
                      r'nanoGPT generate\.\.\.\n', result.stdout)
     assert result.stdout.splitlines()[-1].endswith('x, same tokens: True')
+
+
+def test_card_mode_on_a_cpu_runs_the_presets_scaled_down_and_writes_its_report(tmp_path):
+    """The card command's own code at a CPU's scale (no memory counters, no GPU-only checks there): the estimate and
+    the measured step of each preset asked for, the speedrun preset's hours, card.md and card.json."""
+    report = tmp_path / 'card'
+    result = run_script('bench.py', '--mode=card', '--device=cpu', '--card_steps=1', f'--card_report={report}',
+                        '--card_presets=speedrun_gpt2_12gb.py,train_gpt2_4gb.py', timeout=600)
+    assert result.returncode == 0, result.stderr
+    data = json.loads((tmp_path / 'card.json').read_text())
+    assert data['scaled_down'] and data['checks'] == {}
+    assert [row['preset'] for row in data['presets']] == ['speedrun_gpt2_12gb.py', 'train_gpt2_4gb.py']
+    for row in data['presets']:
+        assert row['fits'] and row['estimated_peak_bytes'] > 0 and row['step_seconds'] > 0 and row['tokens_per_s'] > 0
+    assert data['speedrun_tokens'] == 1750 * 2 * 64 * 2 and data['speedrun_hours'] > 0  # TINY's rows, 2 micro-steps
+    markdown = (tmp_path / 'card.md').read_text()
+    assert markdown.startswith('# cpu (presets scaled down)\n')
+    assert '| speedrun_gpt2_12gb.py | ' in markdown and '| train_gpt2_4gb.py | ' in markdown
+    assert 'speedrun_gpt2_12gb.py (scaled down: not the real budget): 448,000 tokens in ' in markdown
+    assert f'wrote {report}.md and {report}.json' in result.stdout
