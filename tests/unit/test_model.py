@@ -1,13 +1,14 @@
-"""model.py: the chunked loss against the naive reference, the GPT in nanoGPT's shape (compiled: e2e/test_model.py)."""
+"""chunked_loss.py against the naive reference, model.py's GPT in nanoGPT's shape (compiled: e2e/test_model.py)."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import model as model_lib
+import chunked_loss
+from chunked_loss import chunked_cross_entropy
 from helpers import loss_and_grads, loss_inputs, tiny_gpt
-from model import GPT, GPTConfig, chunked_cross_entropy
+from model import GPT, GPTConfig
 from training.memory.tracer import MemoryTracer
 
 
@@ -27,7 +28,7 @@ def test_fp64_many_chunks_and_fp32_match_naive():
 
 def test_bf16_autocast_with_fp32_master_weights(monkeypatch):
     # the weight gradient in 3 blocks of vocabulary: 257 = 100 + 100 + 57
-    monkeypatch.setattr(model_lib, "VOCAB_BLOCK", 100)
+    monkeypatch.setattr(chunked_loss, "VOCAB_BLOCK", 100)
     h, w, t = loss_inputs()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ref = loss_and_grads(naive, h, w, t)

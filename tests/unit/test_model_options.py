@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import model as model_lib
+from chunked_loss import chunked_cross_entropy
 from helpers import ROOT, loss_and_gradients, softcap_inputs, tokens_with_documents
-from model import (GPT, GPTConfig, LayerNorm, apply_rotary, chunked_cross_entropy, local_attention_mask,
-                   rotary_cos_sin, value_embed_table)
+from model import GPT, GPTConfig, LayerNorm, apply_rotary, local_attention_mask, rotary_cos_sin, value_embed_table
 
 
 # modded-nanogpt's later records: value embeddings, U-net skip connections, the embedding shortcut

@@ -11,7 +11,8 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 import model as model_module
-from model import GPT, GPTConfig, naive_cross_entropy
+from chunked_loss import naive_cross_entropy
+from model import GPT, GPTConfig
 from training import optim, rules
 from training.checkpoint import load_checkpoint
 from training.errors import ConfigError
@@ -44,7 +45,7 @@ ESTIMATOR_DEFAULTS = dict(
     ladder=False, # if it does not fit: add memory levers one at a time until it does, and print that command
     measure=False, # also run two real training steps on this machine's GPU: the ground truth
     world_size=1, # processes under torchrun: the per-rank memory of ddp, zero1 or fsdp
-    loss='chunked', # chunked: model.py's loss; naive: nanoGPT's full logits, to compare
+    loss='chunked', # chunked: chunked_loss.py's loss; naive: nanoGPT's full logits, to compare
 )
 # The ladder of memory levers (--ladder), in order: each rung adds its keys to the rungs before it, at what cost
 LADDER = (
@@ -368,7 +369,7 @@ def check_config(config):
     rules.check_config(config, config['world_size'], 'cuda')
     model_args(config)  # block_size and the dataset's vocabulary against the model's
     if config['loss'] not in LOSSES:
-        raise ConfigError(f"unknown loss {config['loss']!r}: use --loss=chunked (model.py's) or --loss=naive "
+        raise ConfigError(f"unknown loss {config['loss']!r}: use --loss=chunked (chunked_loss.py's) or --loss=naive "
                           f"(nanoGPT's full logits, for comparison)")
     if config['measure'] and not torch.cuda.is_available():
         raise ConfigError(f'--measure runs two real training steps on a GPU, but CUDA is not available here '
