@@ -190,10 +190,11 @@ def largest_micro_batch(train_step, optimizer, good, bad=None):
     return good
 
 
-def build_model():
-    """A fresh model of train.py's for this config's architecture (GPT-2's by default) with vocab_size tokens."""
+def build_model(**options):
+    """A fresh model of train.py's for this config's architecture (GPT-2's by default) with vocab_size tokens;
+    options: GPT's keywords."""
     args, _ = rules.model_args({**config, 'init_from': 'scratch', 'hellaswag': False}, vocab_size)
-    return GPT(GPTConfig(**args))
+    return GPT(GPTConfig(**args), **options)
 
 
 def bench_train_loss(name, get_batch, device_peak):
@@ -201,10 +202,8 @@ def bench_train_loss(name, get_batch, device_peak):
     `name`'s loss: a dict of its figures, with an 'oom' flag if batch_size ran out of GPU memory."""
     print(f'loss={name}, micro-batch {batch_size} x {block_size} tokens')
     torch.manual_seed(seed)
-    model = build_model()
-    model.activation_checkpointing = activation_checkpointing
+    model = build_model(activation_checkpointing=activation_checkpointing, loss_fn=LOSSES[name])
     model.to(TORCH_DTYPES[weight_dtype]).to(device) # as train.py: weights in weight_dtype before the GPU holds them
-    model.loss_fn = LOSSES[name]
     warm_up(optim)
     optimizer = build_optimizer(model, config, device_type) # optimizer_in_backward: stepped in backward
     raw_model = model

@@ -152,8 +152,8 @@ def build(run, seed):
     keys = keys_by_run[run]
     torch.manual_seed(seed)
     model_args, _ = rules.model_args(keys, meta_vocab)
-    model = GPT(GPTConfig(**model_args)).to(TORCH_DTYPES[keys['weight_dtype']])
-    model.activation_checkpointing = activation_checkpointing
+    model = GPT(GPTConfig(**model_args), activation_checkpointing=activation_checkpointing)
+    model.to(TORCH_DTYPES[keys['weight_dtype']])
     ctx = nullcontext() if dtype == 'float32' else torch.autocast('cpu', dtype=TORCH_DTYPES[dtype],
                                                                   cache_enabled=keys['autocast_cache'])
     if keys.get('nearest'):

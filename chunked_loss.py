@@ -247,7 +247,7 @@ def _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, re
 
 
 def naive_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean', softcap=0.0):
-    """nanoGPT's loss, for comparison (model.loss_fn = naive_cross_entropy in bench.py and estimate_memory.py
+    """nanoGPT's loss, for comparison (GPT(config, loss_fn=naive_cross_entropy) in bench.py and estimate_memory.py
     --loss=naive): the full (N, vocab) logits, then cross-entropy. CUDA autocast runs cross-entropy's log_softmax in
     fp32 (CPU autocast keeps bf16), so the cast is explicit and a trace on the CPU matches the GPU. softcap > 0: of
     the logits capped as logit_softcap caps them."""

@@ -266,16 +266,15 @@ if hellaswag: # its data and tokenizer before the weights: a missing file fails 
     if master_process: # once a run, not at each evaluation
         report_cut_contexts(hellaswag_set, enc, model_args['block_size'])
 if init_from not in ('scratch', 'resume'): # OpenAI's GPT-2 or a Hugging Face GPT-2 folder
-    model = pretrained_model(init_from, dropout) # only dropout can be overridden
+    model = pretrained_model(init_from, dropout, activation_checkpointing=activation_checkpointing)
     if crop is not None: # crop down the model block size if desired, using model surgery
         model.crop_block_size(crop)
 else:
-    model = GPT(GPTConfig(**model_args))
+    model = GPT(GPTConfig(**model_args), activation_checkpointing=activation_checkpointing)
     if checkpoint is not None:
         load_model_state(model, checkpoint, out_dir)
         iter_num = checkpoint['iter_num']
         best_val_loss = float(checkpoint['best_val_loss'])
-model.activation_checkpointing = activation_checkpointing
 model.to(TORCH_DTYPES[weight_dtype]) # on the CPU, before the GPU holds it: bf16 weights never exist there in fp32
 model.to(device)
 if ddp and parallelism == 'fsdp':

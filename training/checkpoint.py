@@ -139,13 +139,14 @@ def restore_training_state(checkpoint, optimizer, scaler, config, rank, world_si
               f"dropout randomness restarts from the seed")
 
 
-def pretrained_model(init_from, dropout=0.0):
+def pretrained_model(init_from, dropout=0.0, **options):
     """OpenAI's GPT-2 weights `init_from` (gpt2, gpt2-medium, gpt2-large, gpt2-xl) through Hugging Face transformers,
-    or those of a local GPT-2 folder, with this dropout; ConfigError with the fix if they cannot be loaded."""
+    or those of a local GPT-2 folder, with this dropout and GPT's keyword `options`; ConfigError with the fix if they
+    cannot be loaded."""
     if hf.is_folder(init_from):
-        return hf.folder_model(init_from, dropout)
+        return hf.folder_model(init_from, dropout, **options)
     try:
-        return GPT.from_pretrained(init_from, dict(dropout=dropout))  # only dropout can be overridden
+        return GPT.from_pretrained(init_from, dict(dropout=dropout), **options)  # only dropout can be overridden
     except Exception as e:  # no transformers, no network, no cached weights: the fixes are the same
         raise ConfigError(f'could not load the {init_from} weights ({first_line(e)}): pip install transformers, and '
                           f'download them once with network access (Hugging Face cache)') from None

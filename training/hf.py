@@ -203,8 +203,8 @@ def pretrained_config(init_from, dropout=0.0):
                      vocab_size=hf.vocab_size, bias=True, dropout=dropout)
 
 
-def folder_model(path, dropout=0.0):
-    """The GPT with the weights of the GPT2LMHeadModel saved in folder `path`."""
+def folder_model(path, dropout=0.0, **options):
+    """The GPT (with GPT's keyword `options`) with the weights of the GPT2LMHeadModel saved in folder `path`."""
     config = pretrained_config(path, dropout)
     from transformers import GPT2LMHeadModel
     try:
@@ -213,4 +213,4 @@ def folder_model(path, dropout=0.0):
         raise ConfigError(f'could not load the weights in {path} ({first_line(e)}): save the model again with '
                           f'save_pretrained') from None
     print(f"loading weights from the Hugging Face folder {path}")
-    return GPT.from_hf_model(model_hf, config)
+    return GPT.from_hf_model(model_hf, config, **options)

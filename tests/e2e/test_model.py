@@ -141,14 +141,13 @@ def assert_bf16_close(a, b):
 
 
 def test_compiled_flash_kernel_takes_any_window_and_documents_without_recompiling(flash_kernel):
-    """As on an Ampere GPU in bf16 (varlen_attention=True: the kernel's CPU stand-ins), compiled, the model runs torch's
+    """As on an Ampere GPU in bf16 (flash_kernel=True: the kernel's CPU stand-ins), compiled, the model runs torch's
     varlen_attn with a window warmup's windows and each batch's longest document as sizes, not constants: the first
     change of each compiles once more (dynamic from then on), then no window or batch compiles again, and every step
     computes what eager does."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=64, vocab_size=50, pos_emb='rope', qk_norm=True,
-                          attn_window=32, doc_token=3))
-    model.varlen_attention = True
+                          attn_window=32, doc_token=3), flash_kernel=True)
     compiled = torch.compile(model)
 
     def step(window, every):  # documents every `every` tokens from the 3rd: the longest is `every` (or the last) long
@@ -176,8 +175,9 @@ def test_flash_varlen_kernel_matches_attention_under_the_mask(window):
     with torch.autocast('cuda', dtype=torch.bfloat16):
         assert model.varlen_kernel(x) is not None  # the kernel runs, not the masked fallback
     kernel = bf16_loss_and_grads(model, x, y, window)
-    model.varlen_attention = False  # the same model through blocked_attention's masks
-    assert_bf16_close(kernel, bf16_loss_and_grads(model, x, y, window))
+    masked = GPT(GPTConfig(**PACKED_GPT), flash_kernel=False).cuda()  # the same weights through blocked_attention
+    masked.load_state_dict(model.state_dict())
+    assert_bf16_close(kernel, bf16_loss_and_grads(masked, x, y, window))
 
 
 @needs_ampere

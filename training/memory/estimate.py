@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 import model as model_module
-from chunked_loss import naive_cross_entropy
+from chunked_loss import chunked_cross_entropy, naive_cross_entropy
 from model import GPT, GPTConfig
 from training import optim, rules
 from training.checkpoint import load_checkpoint
@@ -86,10 +86,11 @@ def model_args(config):
     return rules.model_args(config, rules.meta_vocab_size(config), resumed)
 
 
-def build(config, activation_checkpointing, mesh=None, device_type='cuda'):
+def build(config, activation_checkpointing, mesh=None, device_type='cuda', **options):
     """train.py's model and optimizer, on the current device and mode, sharded over `mesh` (see sharded_rank) as
     config's parallelism does; their stdout (print) goes nowhere. A pretrained model is built with its shape, not
-    loaded: the memory is the same. The optimizer is the one train.py builds on `device_type` (fused on CUDA)."""
+    loaded: the memory is the same. The optimizer is the one train.py builds on `device_type` (fused on CUDA).
+    options: GPT's other keywords (loss_fn, flash_kernel)."""
     with contextlib.redirect_stdout(io.StringIO()):
         with unset_fake_temporarily():  # a library's one-off setup on real tensors (torchao's 8-bit code maps)
             optim.warm_up(config['optim'])
@@ -99,10 +100,9 @@ def build(config, activation_checkpointing, mesh=None, device_type='cuda'):
         # weakrefs forbid
         torch.set_default_dtype(TORCH_DTYPES[config['weight_dtype']])
         try:
-            model = GPT(GPTConfig(**args))
+            model = GPT(GPTConfig(**args), activation_checkpointing=activation_checkpointing, **options)
         finally:
             torch.set_default_dtype(default_dtype)
-        model.activation_checkpointing = activation_checkpointing
         if mesh is not None and config['parallelism'] == 'fsdp':
             shard_model(model, mesh, param_dtype=fsdp_param_dtype(config))
         optimizer = optim.build_optimizer(model, config, device_type)  # in backward: stepped in backward's hooks
@@ -117,6 +117,16 @@ def rows_as_documents(idx, doc_token):
     kernel keeps the same tensors for any number of documents)."""
     b, t = idx.shape
     return torch.arange(0, b * t + 1, t, dtype=torch.int32, device=idx.device), t
+
+
+SCALED_DOT_PRODUCT_ATTENTION = torch.nn.functional.scaled_dot_product_attention  # torch's, which the trace replaces
+
+
+def attention_as_on_cuda(q, k, v, attn_mask=None, dropout_p=0.0, **kwargs):
+    """F.scaled_dot_product_attention for a trace: CUDA's attention kernels apply dropout inside the kernel and keep
+    no T x T matrix; CPU's SDPA falls back to the math kernel for dropout, which would, so the trace runs attention
+    without dropout."""
+    return SCALED_DOT_PRODUCT_ATTENTION(q, k, v, attn_mask=attn_mask, **kwargs)
 
 
 def autocast(device_type, config):
@@ -220,17 +230,14 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
              f"{', step in backward' if config['optimizer_in_backward'] else ''}")
     tracer = MemoryTracer(alignment)
     with (sharded_rank(config) as mesh, FakeTensorMode(), tracer, optim.representative_updates_only(),
-          mock.patch.object(model_module, 'document_segments', rows_as_documents)):
-        model, optimizer = build(config, activation_checkpointing, mesh, device_type)
+          mock.patch.object(model_module, 'document_segments', rows_as_documents),
+          mock.patch.object(torch.nn.functional, 'scaled_dot_product_attention', attention_as_on_cuda)):
         # attn_window and doc_token run in FlashAttention's kernel on CUDA (GPT.varlen_kernel), which a fake tensor on
         # the CPU traces: its kept tensors, not the masked blocks a CPU computes
-        model.varlen_attention = device_type == 'cuda'
-        model.loss_fn = tracer.traced_loss(naive_cross_entropy if loss == 'naive' else model.loss_fn)
+        loss_fn = tracer.traced_loss(naive_cross_entropy if loss == 'naive' else chunked_cross_entropy)
+        model, optimizer = build(config, activation_checkpointing, mesh, device_type, loss_fn=loss_fn,
+                                 flash_kernel=device_type == 'cuda')
         tracer.watch(model, local_optimizer(optimizer))
-        for block in model.transformer.h:
-            # CUDA's attention kernels apply dropout inside the kernel and keep no T x T matrix; CPU's SDPA falls
-            # back to the math kernel for dropout, which would, so the trace runs attention without dropout
-            block.attn.dropout = 0.0
         if config['world_size'] > 1 and config['parallelism'] != 'fsdp':
             # DDP (zero1 too) copies the gradients to buckets of their own (gradient_as_bucket_view=False)
             buckets = torch.empty(sum(p.numel() for p in model.parameters()), dtype=torch.float32)
@@ -344,9 +351,8 @@ def measure(config, loss='chunked'):
     iterations and the evaluation forward, run for real on CUDA."""
     measured = dict(device=torch.cuda.get_device_name())
     with torch.device('cuda'):
-        model, optimizer = build(config, config['activation_checkpointing'])
-        if loss == 'naive':
-            model.loss_fn = naive_cross_entropy
+        model, optimizer = build(config, config['activation_checkpointing'],
+                                 loss_fn=naive_cross_entropy if loss == 'naive' else None)
         for phase, run in (('train', lambda: train_iterations(model, optimizer, config, config['batch_size'], 'cuda')),
                            ('eval', lambda: eval_forward(model, config, config['eval_batch_size'] or
                                                          config['batch_size'], 'cuda'))):
