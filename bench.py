@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 
 import configurator
-from model import GPTConfig, chunked_cross_entropy, default_chunk_size, naive_cross_entropy
+from chunked_loss import chunked_cross_entropy, default_chunk_size, naive_cross_entropy
+from model import GPTConfig
 from training import card, rules
 from training.optim import warm_up
 from training.step import Prefetcher, build, build_model, train_step
@@ -54,7 +55,7 @@ def torch_linear_cross_entropy():
     return loss_fn
 
 
-# GPT.loss_fn by --loss name, for both modes: model.py's chunked loss, nanoGPT's full logits and torch's own (None
+# GPT.loss_fn by --loss name, for both modes: chunked_loss.py's, nanoGPT's full logits and torch's own (None
 # where this torch lacks it)
 LOSSES = {'chunked': chunked_cross_entropy, 'naive': naive_cross_entropy, 'torch': torch_linear_cross_entropy()}
 
@@ -78,7 +79,7 @@ seed = 1337
 # train mode
 burnin_steps = 10
 num_steps = 20
-loss = 'chunked' # the losses to time, comma-separated: chunked (model.py's), naive (nanoGPT's full logits), torch
+loss = 'chunked' # the losses to time, comma-separated: chunked (chunked_loss.py), naive (nanoGPT's full logits), torch
                  # (F.linear_cross_entropy's chunked path); each with the same model, data and micro-batch
 find_batch_size = False # also find the largest micro-batch each loss trains at, by trying it on the GPU (CUDA only)
 profile = False # train mode: the torch profiler (traces in ./bench_log) instead of simple timing; loss mode: also
@@ -362,7 +363,7 @@ def fused_kernel_libraries():
 
 def loss_methods():
     """name -> loss(h, w, t) of each method timed in loss mode: naive, chunked, torch's; each compiled as well with
-    compile=True (the chunked loss compiled runs each chunk's softmax as fused kernels, model.py); then the fused-kernel
+    compile=True (the chunked loss compiled runs each chunk's softmax as fused kernels); then the fused-kernel
     libraries."""
     losses = {'naive F.cross_entropy(F.linear)': LOSSES['naive']}
     for chunk in chunk_sizes:
@@ -483,8 +484,8 @@ def bench_sample():
             synchronize()
             return time.perf_counter() - t0
         expected = max_new_tokens * (forward_seconds(1) + forward_seconds(min(max_new_tokens, block_size))) / 2
-        print(f'nanoGPT generate will take about {expected:.0f}s here; --max_new_tokens sets the length (its time grows '
-              f'with the square of it)', flush=True)
+        print(f'nanoGPT generate will take about {expected:.0f}s here; --max_new_tokens sets the length (its time '
+              f'grows with the square of it)', flush=True)
         for name, use_cache in (('nanoGPT generate', False), ('KV cache', True)):
             print(f'{name}...', flush=True)
             torch.manual_seed(seed)

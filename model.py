@@ -1,17 +1,10 @@
 """
-Full definition of a GPT Language Model, all of it in this single file (it needs only torch: copy it anywhere).
-Same modules, parameter names, init and API as nanoGPT's model.py, so nanoGPT checkpoints load as they are.
-
-The one difference: the loss. nanoGPT computes `lm_head(x)` for every position, a (B*T, vocab) logits tensor
-(batch 64 x block 1024 x 50304 in bf16 is 6.14 GiB, plus fp32 copies in cross-entropy), which is what runs
-12 GB cards out of memory. Here the loss goes through `chunked_cross_entropy` (the second half of this file), which
-fuses the vocabulary projection with cross-entropy over row chunks, so those logits never exist, in training or in
-evaluation.
-
-GPTConfig also holds the modern options of modded-nanogpt's speedrun (rotary embeddings, RMSNorm, QK-norm, ReLU^2,
-an untied head, zero-initialized projections, logit soft-capping, and its later records' value embeddings, U-net skip
-connections, embedding shortcut and attention within each document over a sliding window), each acting where its code
-is. Their defaults are GPT-2's: left alone, the model is the GPT-2 described above.
+Full definition of a GPT Language Model: nanoGPT's modules, parameter names, init and API, so nanoGPT checkpoints
+load as they are. It needs only torch and chunked_loss.py, whose chunked_cross_entropy is the loss: the (B*T, vocab)
+logits never exist. Copy the two files anywhere.
+GPT-2's path comes first (LayerNorm, CausalSelfAttention, MLP, Block, GPTConfig, GPT); GPTConfig's other fields are
+modded-nanogpt's options (defaults: GPT-2's), and the file ends with what they add: the attention kinds besides
+GPT-2's causal one (GPT.attention picks one per forward, by name), rotary embeddings and generation's KV cache.
 
 References:
 1) the official GPT-2 TensorFlow implementation released by OpenAI:
@@ -24,25 +17,14 @@ import functools
 import inspect
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-# Functions that run outside torch.compile's graphs are marked with torch._disable_dynamo: torch.compiler.disable
-# itself, but importing torch's compiler at the first call instead of with model.py (seconds at every start).
-
-@torch._disable_dynamo
-@functools.cache
-def flash_varlen_attn():
-    """torch's FlashAttention over variable-length sequences (CUDA only), attn_window and doc_token's kernel, if this
-    torch has it with a sliding window (2.12+), else None. Imported when first asked: its module loads the compiler."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn if 'window_size' in inspect.signature(varlen_attn).parameters else None
+from chunked_loss import chunked_cross_entropy
 
 class LayerNorm(nn.Module):
     """ LayerNorm but with an optional bias. PyTorch doesn't support simply bias=False
@@ -59,6 +41,16 @@ class LayerNorm(nn.Module):
             return F.rms_norm(input, self.weight.shape, self.weight, 1e-5)
         return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
 
+class Attention(NamedTuple):
+    """The attention every layer runs in one forward, chosen once by GPT.attention, and what that kind needs."""
+    kind: str # 'causal' (GPT-2's), 'masked', 'window' (blocked_attention), 'varlen' (document_attention), 'cache'
+    mask: torch.Tensor = None # masked: (B, 1, T, T); window: (B, n_blocks, 1, w, 2w); cache: (B or 1, 1, T, keys)
+    documents: tuple = () # varlen: (FlashAttention's kernel, cu_seqlens, longest), document_segments'
+    window: int = 0 # varlen: the sliding window (0: none)
+    offset: int = 0 # cache: the position of the first new token
+
+CAUSAL = Attention('causal')
+
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config, value_embed=False):
@@ -73,110 +65,47 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.n_head = config.n_head
         self.n_embd = config.n_embd
-        self.dropout = config.dropout
         self.qk_norm = config.qk_norm
         # value_embeds, in a layer that has a table: the weights of (values, table rows), modded-nanogpt's 0.5 / 0.5
         self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if value_embed else None
 
-    def forward(self, x, rotary=None, cache=None, offset=0, value_embed=None, mask=None):
-        """rotary: GPT.forward's (cos, sin) with pos_emb='rope'; cache: this layer's (keys, values) buffers of a
-        KVCache, the T new positions starting at `offset`; value_embed: with value_embeds, this layer's table's rows
-        for the tokens (B, T, C); mask: GPT.attention_mask's, with attn_window or doc_token."""
+    def forward(self, x, *, attention=CAUSAL, rotary=None, value_embed=None, cache=None):
+        """attention: GPT.attention's; rotary: GPT.forward's (cos, sin) with pos_emb='rope'; value_embed: this layer's
+        value_embeds table's rows for the tokens (B, T, C); cache: this layer's (keys, values) in a KVCache."""
         B, T, C = x.size() # batch size, sequence length, embedding dimensionality (n_embd)
         # calculate query, key, values for all heads in batch and move head forward to be the batch dim
         q, k, v  = self.c_attn(x).split(self.n_embd, dim=2)
         if value_embed is not None: # value_embeds: the values mix with the token's own row of this layer's table
             v = self.value_lambdas[0] * v + self.value_lambdas[1] * value_embed.to(v.dtype) # autocast's v: bf16
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) # (B, nh, T, hs)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)) # (B, nh, T, hs)
         if self.qk_norm: # each head's queries and keys to unit RMS: attention logits stay bounded (no weights)
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if rotary is not None: # pos_emb='rope': positions enter as rotations of q and k, GPT.forward's (cos, sin)
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        is_causal = mask is None
-        if cache is not None: # the new positions join the cached ones, and attend to all of them
-            keys, values = cache
-            keys[:, :, offset:offset + T] = k
-            values[:, :, offset:offset + T] = v
-            k, v = keys[:, :, :offset + T], values[:, :, :offset + T]
-            if offset > 0 and mask is None: # is_causal would align the (T, offset + T) mask top-left
-                is_causal = False
-                mask = None if T == 1 else torch.ones(T, offset + T, dtype=torch.bool, device=x.device).tril(offset)
-        dropout_p = self.dropout if self.training else 0
-        if isinstance(mask, tuple): # GPT.forward's documents for FlashAttention's variable-length kernel
-            y = document_attention(q, k, v, *mask)
-        elif mask is not None and mask.dim() == 5: # attn_window: a mask per block of queries
-            y = blocked_attention(q, k, v, mask, dropout_p)
-        else: # causal self-attention; flash attention where the hardware has it, never a (T, T) matrix there
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        y = self.attend(q, k, v, attention, cache)
         y = y.transpose(1, 2).contiguous().view(B, T, C) # re-assemble all head outputs side by side
         # output projection
         y = self.resid_dropout(self.c_proj(y))
         return y
 
-def local_attention_mask(q_pos, k_pos, window, q_doc=None, k_doc=None):
-    """(..., Tq, Tk) bool, True where a query may attend to a key: a key at a position from 0 up to the query's,
-    fewer than `window` back (0: any), and of the same document (with the documents' ids q_doc, k_doc)."""
-    q_pos, k_pos = q_pos[..., :, None], k_pos[..., None, :]
-    mask = (k_pos >= 0) & (k_pos <= q_pos)
-    if window:
-        mask = mask & (q_pos - k_pos < window)
-    if q_doc is not None:
-        mask = mask & (q_doc[..., :, None] == k_doc[..., None, :])
-    return mask
-
-@torch._disable_dynamo # the number of documents depends on the tokens: computed eagerly, outside a compiled graph
-def document_segments(idx, doc_token):
-    """(cu_seqlens, longest): the offsets of the documents of idx (B, T) flattened, each row starting one and each
-    doc_token (if >= 0) another, and the longest one's length, as varlen_attn takes them."""
-    b, t = idx.shape
-    starts = torch.zeros(b, t, dtype=torch.bool, device=idx.device)
-    starts[:, 0] = True
-    if doc_token >= 0:
-        starts |= idx == doc_token
-    cu_seqlens = F.pad(starts.view(-1).nonzero().view(-1), (0, 1), value=b * t).to(torch.int32)
-    return cu_seqlens, int(cu_seqlens.diff().max())
-
-def document_attention(q, k, v, varlen_attn, cu_seqlens, longest, window):
-    """Causal attention within each document, over at most `window` positions (0: all), with FlashAttention's
-    variable-length kernel varlen_attn: it computes only what the mask of blocked_attention keeps. q, k, v (B, nh, T,
-    hs)."""
-    B, nh, T, hs = q.shape
-    # in autocast's dtype, as SDPA casts them (qk_norm's RMSNorm may give fp32 queries and keys)
-    q, k, v = (t.transpose(1, 2).reshape(B * T, nh, hs).to(v.dtype) for t in (q, k, v))
-    y = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, window_size=(window - 1 if window else -1, 0))
-    return y.view(B, T, nh, hs).transpose(1, 2)
-
-def blocked_attention(q, k, v, mask, dropout_p):
-    """Sliding-window attention in blocks: the queries of each block of w positions (w = attn_window) against the
-    keys of their block and of the block before, under `mask` (B, n_blocks, 1, w, 2w): memory and compute grow as
-    T * w, not T**2. q, k, v (B, nh, T, hs); T is padded to whole blocks, and one block of keys goes in front."""
-    B, nh, T, hs = q.shape
-    n, w = mask.size(1), mask.size(-2)
-    pad = n * w - T
-    q = F.pad(q, (0, 0, 0, pad)).view(B, nh, n, w, hs)
-    k, v = (F.pad(t, (0, 0, w, pad)) for t in (k, v))
-    k, v = (torch.cat((t[:, :, :-w].view(B, nh, n, w, hs), t[:, :, w:].view(B, nh, n, w, hs)), dim=3) for t in (k, v))
-    # each block a batch entry of attention's 4-D kernels: (B * n, nh, w or 2w, hs)
-    q, k, v = (t.transpose(1, 2).reshape(B * n, nh, -1, hs) for t in (q, k, v))
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.view(B * n, 1, w, 2 * w), dropout_p=dropout_p)
-    return y.view(B, n, nh, w, hs).transpose(1, 2).reshape(B, nh, n * w, hs)[:, :, :T]
-
-def rotary_cos_sin(pos, head_size, base=10000.0):
-    """The rotary embedding's (cos, sin) for positions `pos` (t,): each (t, head_size / 2), pair i of a head turning
-    at base**(-2i / head_size) radians a position (RoFormer, arXiv:2104.09864). Computed in fp32 from `pos` on
-    every forward: cheap, no buffer for weight_dtype to cast, and any positions (a cache's offset) work."""
-    inv_freq = base ** -(torch.arange(0, head_size, 2, dtype=torch.float32, device=pos.device) / head_size)
-    angles = torch.outer(pos.to(torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
-
-
-def apply_rotary(x, cos, sin):
-    """x (B, nh, T, hs) with the pairs (x[..., i], x[..., i + hs/2]) rotated by the angles of cos, sin (T, hs/2)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
+    def attend(self, q, k, v, attention, cache):
+        """The attention of q, k, v (B, nh, T, hs) of the kind `attention` names."""
+        dropout_p = self.attn_dropout.p if self.training else 0 # applied by the attention kernels
+        kind = attention.kind
+        if kind == 'causal': # flash attention where the hardware has it, never a (T, T) matrix there
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        if kind == 'window':
+            return blocked_attention(q, k, v, attention.mask, dropout_p)
+        if kind == 'varlen':
+            return document_attention(q, k, v, *attention.documents, attention.window)
+        if kind == 'cache': # the new positions join the cached ones, then attend to all of them under the mask
+            keys, values = cache
+            end = attention.offset + q.size(2)
+            keys[:, :, attention.offset:end], values[:, :, attention.offset:end] = k, v
+            k, v = keys[:, :, :end], values[:, :, :end]
+        if kind in ('masked', 'cache'):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attention.mask, dropout_p=dropout_p)
+        raise ValueError(f"unknown attention kind {kind!r}")
 
 class MLP(nn.Module):
 
@@ -206,33 +135,19 @@ class Block(nn.Module):
         # x0_shortcut: the weights of (input, embedding x0) in the block's input, from (1, 0): the input at first
         self.x0_lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if config.x0_shortcut else None
 
-    def forward(self, x, rotary=None, cache=None, offset=0, x0=None, value_embed=None, mask=None):
-        """x0: GPT.forward's embedding, with x0_shortcut; value_embed, mask: CausalSelfAttention.forward's."""
+    def forward(self, x, *, attention=CAUSAL, rotary=None, x0=None, value_embed=None, cache=None):
+        """x0: GPT.forward's embedding, with x0_shortcut; the others: CausalSelfAttention.forward's."""
         if self.x0_lambdas is not None: # x0_shortcut: every block sees the embedding directly, not only block 0
             x = self.x0_lambdas[0] * x + self.x0_lambdas[1] * x0
-        x = x + self.attn(self.ln_1(x), rotary, cache, offset, value_embed, mask)
+        x = x + self.attn(self.ln_1(x), attention=attention, rotary=rotary, value_embed=value_embed, cache=cache)
         x = x + self.mlp(self.ln_2(x))
         return x
+
+GPT2_VOCAB_SIZE = 50257 # OpenAI's GPT-2 BPE: the tokens of its checkpoints, tiktoken's 'gpt2' and HellaSwag's
 
 # The weights that Hugging Face's GPT2LMHeadModel holds transposed: OpenAI's checkpoints use a "Conv1D" module, a
 # Linear whose weight is (in, out). Every other parameter has the same name and shape in both.
 HF_TRANSPOSED = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
-
-class KVCache:
-    """The keys and values of every layer for the positions run so far, so that generation feeds the model only its
-    new tokens instead of the whole sequence again. Static, as in gpt-fast: the buffers of all max_len positions are
-    allocated once; GPT.forward(idx, cache=...) writes its tokens at positions length.. and advances length."""
-
-    def __init__(self, config, batch_size, max_len, device, dtype):
-        shape = (batch_size, config.n_head, max_len, config.n_embd // config.n_head)
-        self.layers = [(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype))
-                       for _ in range(config.n_layer)]
-        # doc_token: the document of each position, for the masks of the positions that follow
-        self.docs = torch.zeros(batch_size, max_len, dtype=torch.long, device=device) if config.doc_token >= 0 else None
-        self.max_len = max_len
-        self.length = 0 # positions filled
-
-GPT2_VOCAB_SIZE = 50257 # OpenAI's GPT-2 BPE: the tokens of its checkpoints, tiktoken's 'gpt2' and HellaSwag's
 
 @dataclass
 class GPTConfig:
@@ -260,32 +175,21 @@ class GPTConfig:
     doc_token: int = -1 # >= 0: a document starts at each such token (GPT-2's <|endoftext|>, 50256) and positions
                         # attend only within their own; -1: across documents, as GPT-2
 
-def value_embed_table(config, layer):
-    """The value_embeds table that block `layer` uses, or None: in the U-net pattern, table i serves block i and its
-    mirror in the last k, block n_layer - k + i (modded-nanogpt's value embeddings)."""
-    k = config.value_embeds
-    if layer < k:
-        return layer
-    if layer >= config.n_layer - k:
-        return layer - (config.n_layer - k)
-    return None
-
 class GPT(nn.Module):
 
     def __init__(self, config, *, activation_checkpointing=False, loss_fn=None, flash_kernel=None):
+        """Run-time choices, not GPTConfig fields, so checkpoints' model_args stay nanoGPT's. activation_checkpointing:
+        each block recomputed in backward, for the activation memory of all but one block. loss_fn(hidden, weight,
+        targets, *, ignore_index, reduction[, softcap]): None is chunked_cross_entropy. flash_kernel: FlashAttention's
+        variable-length kernel (varlen_kernel) for attn_window and doc_token: None where it runs, True also on a CPU
+        (estimate_memory.py traces a CUDA run there), False never."""
         super().__init__()
         assert config.vocab_size is not None
         assert config.block_size is not None
         self.config = config
-        # Run-time switches, not GPTConfig fields, so checkpoints' model_args stay nanoGPT's. Activation checkpointing
-        # recomputes each block in backward instead of keeping its activations: about one extra forward pass for
-        # the activation memory of all but one block. The loss function is swapped by tools that compare it with
-        # nanoGPT's full-logits loss or count its memory (bench.py, estimate_memory.py).
         self.activation_checkpointing = activation_checkpointing
-        self.loss_fn = loss_fn or chunked_cross_entropy
-        # attn_window and doc_token through FlashAttention's variable-length kernel (document_attention): None, where
-        # it runs (CUDA, bf16 or fp16, no dropout); True also on a CPU, where estimate_memory.py traces CUDA's run
-        self.varlen_attention = flash_kernel
+        self.loss_fn = chunked_cross_entropy if loss_fn is None else loss_fn
+        self.flash_kernel = flash_kernel
 
         self.transformer = nn.ModuleDict(dict(
             wte = nn.Embedding(config.vocab_size, config.n_embd),
@@ -325,8 +229,7 @@ class GPT(nn.Module):
         For non-embedding count (default), the position embeddings get subtracted.
         The token embeddings would too, except due to the parameter sharing these
         params are actually used as weights in the final layer, so we include them.
-        (Untied, lm_head is that final layer and wte is subtracted; rotary embeddings have no parameters; the
-        value_embeds tables are embeddings, subtracted.)
+        (Untied, lm_head is that final layer and wte is subtracted, as are the value_embeds tables.)
         """
         n_params = sum(p.numel() for p in self.parameters())
         if non_embedding:
@@ -347,15 +250,11 @@ class GPT(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx, targets=None, reduction='mean', cache=None, attn_window=None):
-        """Returns (logits, loss).
-        With targets: (None, loss). loss is the mean cross-entropy over targets != -1, computed by
-        chunked_cross_entropy without building the (B, T, vocab) logits; nanoGPT returned those logits here,
-        and no caller of the training or evaluation loss uses them. Call with targets=None for logits.
-        reduction='none' (no gradients) gives the (B, T) losses of each position instead, 0 where targets are -1.
-        Without targets: (logits of the last position, shape (B, 1, vocab), None), as nanoGPT does.
+        """With targets: (None, the mean cross-entropy over targets != -1), from loss_fn without the (B, T, vocab)
+        logits, which nanoGPT returned here unused; reduction='none' (no gradients): the (B, T) losses, 0 where
+        targets are -1. Without targets: (logits of the last position (B, 1, vocab), None), as nanoGPT does.
         cache (a KVCache, for inference): idx are the tokens that follow the cache.length ones already in it.
-        attn_window: this call's sliding window, for a window that grows over training (train.py's
-        attn_window_warmup_iters); None: config.attn_window's."""
+        attn_window: this call's sliding window (train.py's attn_window_warmup_iters); None: config.attn_window."""
         device = idx.device
         b, t = idx.size()
         offset = 0 if cache is None else cache.length
@@ -371,27 +270,22 @@ class GPT(nn.Module):
         else: # pos_emb='rope': the positions are rotations of each attention's queries and keys
             rotary = rotary_cos_sin(pos, self.config.n_embd // self.config.n_head)
             x = self.transformer.drop(tok_emb)
-        window = self.config.attn_window if attn_window is None else attn_window
-        mask = self.attention_mask(idx, pos, cache, window)
+        attention = self.attention(idx, pos, cache, self.config.attn_window if attn_window is None else attn_window)
         x0 = x if self.config.x0_shortcut else None # the embedding, which x0_shortcut mixes into every block's input
         # value_embeds: each table's rows for the tokens, looked up once for its two blocks
         tables = [table(idx) for table in self.transformer.value_embeds or ()]
-        n_layer = len(self.transformer.h)
         n_skips = 0 if self.skip_weights is None else len(self.skip_weights)
         kept = [] # unet_skips: the outputs of the first n_skips blocks
+        # non-reentrant checkpointing: works with torch.compile and DDP, and restores the RNG for dropout
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
-        layer_caches = [None] * n_layer if cache is None else cache.layers
-        for i, (block, layer_cache) in enumerate(zip(self.transformer.h, layer_caches)):
-            mirror = n_layer - 1 - i
+        for i, block in enumerate(self.transformer.h):
+            mirror = self.config.n_layer - 1 - i
             if mirror < n_skips: # unet_skips: the last n_skips blocks take in their mirror's output, innermost first
                 x = x + self.skip_weights[mirror] * kept[mirror]
             table = value_embed_table(self.config, i)
-            value_embed = None if table is None else tables[table]
-            # non-reentrant checkpointing: works with torch.compile and DDP, and restores the RNG for dropout
-            if recompute:
-                x = checkpoint(block, x, rotary, None, 0, x0, value_embed, mask, use_reentrant=False)
-            else:
-                x = block(x, rotary, layer_cache, offset, x0, value_embed, mask)
+            inputs = dict(attention=attention, rotary=rotary, x0=x0, cache=None if cache is None else cache.layers[i],
+                          value_embed=None if table is None else tables[table])
+            x = checkpoint(block, x, **inputs, use_reentrant=False) if recompute else block(x, **inputs)
             if i < n_skips:
                 kept.append(x)
         x = self.transformer.ln_f(x)
@@ -409,18 +303,16 @@ class GPT(nn.Module):
             logits = softcap * torch.tanh(logits / softcap)
         return logits, None
 
-    def attention_mask(self, idx, pos, cache, window):
-        """What the sliding `window` (forward's attn_window) and doc_token let each position see, for
-        CausalSelfAttention, built once for all layers: None (GPT-2's causal attention); the kernel, document_segments'
-        and the window, for document_attention; a bool mask (B, 1, t, keys); or with a window and no cache, a mask per
-        block of `window` queries (B, n_blocks, 1, w, 2w) for blocked_attention."""
+    def attention(self, idx, pos, cache, window):
+        """The Attention every layer runs in this forward, chosen once from what causality, the sliding `window`
+        (forward's attn_window), doc_token and the cache let each position see."""
         doc_token = self.config.doc_token
         b, t = idx.size()
-        if doc_token < 0 and not (window and (0 if cache is None else cache.length) + t > window):
-            return None # nothing but causality restricts attention here
-        varlen_attn = self.varlen_kernel(idx) if cache is None else None
-        if varlen_attn is not None:
-            return (varlen_attn, *document_segments(idx, doc_token), window)
+        if cache is None and doc_token < 0 and not (window and t > window):
+            return CAUSAL # nothing but causality restricts attention here
+        kernel = self.varlen_kernel(idx) if cache is None else None
+        if kernel is not None:
+            return Attention('varlen', documents=(kernel, *document_segments(idx, doc_token)), window=window)
         doc = None
         if doc_token >= 0: # a document's id: how many doc_tokens up to and including the position
             doc = (idx == doc_token).cumsum(1)
@@ -428,12 +320,13 @@ class GPT(nn.Module):
                 if cache.length:
                     doc = doc + cache.docs[:, cache.length - 1:cache.length]
                 cache.docs[:, cache.length:cache.length + t] = doc
-        if cache is not None: # the new positions against every cached one
-            keys = torch.arange(cache.length + t, device=idx.device)
-            k_doc = None if doc is None else cache.docs[:, :cache.length + t]
-            return local_attention_mask(pos, keys, window, doc, k_doc).unsqueeze(-3) # (B or 1, 1, t, keys)
-        if not window:
-            return local_attention_mask(pos, pos, 0, doc, doc).unsqueeze(-3)
+        if cache is not None or not window: # a mask of every query against every key: the cached ones too
+            keys, k_doc = pos, doc
+            if cache is not None:
+                keys = torch.arange(cache.length + t, device=idx.device)
+                k_doc = None if doc is None else cache.docs[:, :cache.length + t]
+            mask = local_attention_mask(pos, keys, window, doc, k_doc).unsqueeze(-3) # (B or 1, 1, t, keys)
+            return Attention('masked', mask=mask) if cache is None else Attention('cache', mask, offset=cache.length)
         n = -(-t // window) # blocks of `window` queries, the last one padded; each sees its block and the one before
         q_pos = torch.arange(n * window, device=idx.device).view(n, window)
         k_pos = torch.arange(-window, (n + 1) * window, device=idx.device).unfold(0, 2 * window, window)[:n]
@@ -443,13 +336,12 @@ class GPT(nn.Module):
             q_doc = padded[:, window:(n + 1) * window].view(b, n, window)
             k_doc = padded.unfold(1, 2 * window, window)[:, :n]
         mask = local_attention_mask(q_pos, k_pos, window, q_doc, k_doc)
-        return mask.expand(b, n, window, 2 * window).unsqueeze(2).contiguous()
+        return Attention('window', mask=mask.expand(b, n, window, 2 * window).unsqueeze(2).contiguous())
 
     def varlen_kernel(self, idx):
-        """FlashAttention's variable-length kernel where attention runs it (document_attention), else None: it needs
-        an Ampere or later GPU, bf16 or fp16, heads of a multiple of 8 up to 256 wide, no dropout, and a torch that
-        has it."""
-        on_cuda = self.varlen_attention
+        """FlashAttention's variable-length kernel where it runs (flash_kernel None: an Ampere or later GPU), else
+        None: it needs bf16 or fp16, heads of a multiple of 8 up to 256 wide, no dropout, and a torch that has it."""
+        on_cuda = self.flash_kernel
         if on_cuda is None:
             on_cuda = idx.is_cuda and torch.cuda.get_device_capability(idx.device) >= (8, 0)
         device = idx.device.type
@@ -492,6 +384,7 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model_type, override_args=None, **options):
+        """options: the constructor's keywords (activation_checkpointing, loss_fn, flash_kernel)."""
         config = cls.pretrained_config(model_type, override_args)
         from transformers import GPT2LMHeadModel  # only needed here: imported lazily
         print("loading weights from pretrained gpt: %s" % model_type)
@@ -499,8 +392,8 @@ class GPT(nn.Module):
 
     @classmethod
     def from_hf_model(cls, model_hf, config, **options):
-        """A GPT with the weights of a Hugging Face GPT2LMHeadModel of the same shape; options: GPT's keywords."""
-        model = GPT(config, **options)
+        """A GPT with the weights of a Hugging Face GPT2LMHeadModel of the same shape; options: the constructor's."""
+        model = cls(config, **options)
         sd = model.state_dict()
         sd_keys = [k for k in sd.keys() if not k.endswith('.attn.bias')] # discard this mask / buffer, not a param
 
@@ -570,10 +463,9 @@ class GPT(nn.Module):
         Take a conditioning sequence of indices idx (LongTensor of shape (b,t)) and complete
         the sequence max_new_tokens times, feeding the predictions back into the model each time.
         Most likely you'll want to make sure to be in model.eval() mode of operation for this.
-        use_cache: a KVCache keeps the earlier positions' keys and values, so each step runs only the new token.
-        Past block_size the context is cropped to its last block_size tokens, which moves every token to a new
-        position: from there each step runs the whole cropped window, as use_cache=False does, so the tokens are
-        those of use_cache=False (nanoGPT's generate) either way, up to floating-point rounding.
+        use_cache: a KVCache keeps the earlier positions' keys and values, so each step runs only the new token,
+        up to block_size; past it, the cropped context moves every token, so each step runs the whole window as
+        use_cache=False (nanoGPT's generate) does. The tokens are the same either way, up to rounding.
         """
         cache = None
         if use_cache and idx.size(1) <= self.config.block_size: # a longer prompt is cropped from the first step on
@@ -606,267 +498,101 @@ class GPT(nn.Module):
         return idx
 
 # -----------------------------------------------------------------------------
-# chunked, fused linear + cross-entropy: the loss of GPT.forward, without the (rows, vocab) logits
+# What the options add: value-embedding tables, the attention kinds besides GPT-2's, rotary embeddings, the KV cache
 
-# Elements of the one buffer that holds a chunk's logits (chunk rows x vocab): 19 * 2**20 elements, 76 MiB in fp32,
-# 384 rows of GPT-2's 50304-token vocabulary, whatever the batch. Smaller chunks run the matmuls less efficiently,
-# larger ones cost memory without speed (docs/loss.md). Small vocabularies get one chunk.
-CHUNK_ELEMENTS = 19 * 2 ** 20
-LOG2E, LN2 = 1 / math.log(2), math.log(2)  # exp(x) = exp2(x * LOG2E), log(x) = log2(x) * LN2
-VOCAB_BLOCK = 8192  # rows of the weight gradient a low-precision product covers at once (12 MiB in bf16 at d=768)
+def value_embed_table(config, layer):
+    """The value_embeds table that block `layer` uses, or None: in the U-net pattern, table i serves block i and its
+    mirror in the last k, block n_layer - k + i (modded-nanogpt's value embeddings)."""
+    k = config.value_embeds
+    if layer < k:
+        return layer
+    if layer >= config.n_layer - k:
+        return layer - (config.n_layer - k)
+    return None
 
-def default_chunk_size(vocab_size):
-    rows = max(1, CHUNK_ELEMENTS // vocab_size)
-    return rows if rows < 16 else rows - rows % 16  # multiples of 16 suit matmul kernels
+def local_attention_mask(q_pos, k_pos, window, q_doc=None, k_doc=None):
+    """(..., Tq, Tk) bool, True where a query may attend to a key: a key at a position from 0 up to the query's,
+    fewer than `window` back (0: any), and of the same document (with the documents' ids q_doc, k_doc)."""
+    q_pos, k_pos = q_pos[..., :, None], k_pos[..., None, :]
+    mask = (k_pos >= 0) & (k_pos <= q_pos)
+    if window:
+        mask = mask & (q_pos - k_pos < window)
+    if q_doc is not None:
+        mask = mask & (q_doc[..., :, None] == k_doc[..., None, :])
+    return mask
 
-def _compute_dtype(hidden, weight):
-    """The dtype F.linear would compute in here: autocast's if autocast is on, else the inputs' common dtype."""
-    device_type = hidden.device.type
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return torch.promote_types(hidden.dtype, weight.dtype)
+def blocked_attention(q, k, v, mask, dropout_p):
+    """Sliding-window attention in blocks: the queries of each block of w positions (w = attn_window) against the
+    keys of their block and of the block before, under `mask` (B, n_blocks, 1, w, 2w): memory and compute grow as
+    T * w, not T**2. q, k, v (B, nh, T, hs); T is padded to whole blocks, and one block of keys goes in front."""
+    B, nh, T, hs = q.shape
+    n, w = mask.size(1), mask.size(-2)
+    pad = n * w - T
+    q = F.pad(q, (0, 0, 0, pad)).view(B, nh, n, w, hs)
+    k, v = (F.pad(t, (0, 0, w, pad)) for t in (k, v))
+    k, v = (torch.cat((t[:, :, :-w].view(B, nh, n, w, hs), t[:, :, w:].view(B, nh, n, w, hs)), dim=3) for t in (k, v))
+    # each block a batch entry of attention's 4-D kernels: (B * n, nh, w or 2w, hs)
+    q, k, v = (t.transpose(1, 2).reshape(B * n, nh, -1, hs) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.view(B * n, 1, w, 2 * w), dropout_p=dropout_p)
+    return y.view(B, n, nh, w, hs).transpose(1, 2).reshape(B, nh, n * w, hs)[:, :, :T]
 
-def _scaled(x, factor, dtype):
-    """x * factor, rounded once into `dtype`: no temporary of x's size in x's (fp32) dtype."""
-    return torch.mul(x, factor, out=torch.empty(x.shape, dtype=dtype, device=x.device))
-
-
-def _softmax_chunk(logits, targets, valid, row_factors, need_grad, fold_scales, softcap=0.0, tanh=None):
-    """One chunk's cross-entropy, eagerly. logits: (rows, V) fp32 (fp64) logits in base 2, overwritten; targets (0 on
-    ignored rows), valid and row_factors: (rows, 1). Returns the (rows, 1) losses in bits (0 on ignored rows) and,
-    with need_grad, the rows' gradient factors (rows, 1), logits then holding sum * (softmax - onehot) (fold_scales)
-    or softmax - onehot. Each op is a pass over the chunk, so each runs in place: no temporary of the chunk's size.
-    softcap > 0: logits come in as z / softcap (natural units) and are capped to softcap * tanh(z / softcap) in bits
-    here; with need_grad, `tanh` (a buffer of logits' shape) keeps the tanh for the factor 1 - tanh**2 of the
-    gradient, d capped / d z."""
-    if softcap:
-        if need_grad:
-            torch.tanh(logits, out=tanh)
-            torch.mul(tanh, softcap * LOG2E, out=logits)
-        else:
-            logits.tanh_().mul_(softcap * LOG2E)
-    row_max = logits.amax(1, keepdim=True)
-    target_logits = logits.gather(1, targets)
-    logits.sub_(row_max).exp2_()
-    sum_exp = logits.sum(1, keepdim=True)  # >= 1: the max term is 2**0
-    losses = torch.where(valid, row_max + sum_exp.log2() - target_logits, 0.0)
-    if not need_grad:
-        return losses, None
-    if fold_scales:
-        target_terms, row_scales = sum_exp.neg(), row_factors / sum_exp
-    else:
-        logits.div_(sum_exp)
-        target_terms, row_scales = torch.full_like(sum_exp, -1.0), row_factors
-    logits.scatter_add_(1, targets, target_terms)
-    if softcap:
-        logits.mul_(tanh.square_().neg_().add_(1.0))
-    return losses, row_scales
-
-
-def _softmax_chunk_fused(logits, targets, valid, row_factors, need_grad, fold_scales, softcap=0.0, tanh=None):
-    """_softmax_chunk written for torch.compile: the same arguments and results, but logits may be in the matmul's
-    dtype (bf16 logits are upcast inside the kernel: an fp32 softmax without an fp32 buffer). Inductor fuses it: the
-    chunk is read for its max and sum, then read again and the gradient written over it, where _softmax_chunk makes
-    four to six passes. Comparing column indices with the targets replaces scatter_add_, which would stop the fusion.
-    softcap's tanh is recomputed in the second read, so the `tanh` buffer is not needed (None)."""
-    x = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    if softcap:
-        x = torch.tanh(x) * (softcap * LOG2E)
-    row_max = x.amax(1, keepdim=True)
-    target_logits = x.gather(1, targets)
-    exp = torch.exp2(x - row_max)
-    sum_exp = exp.sum(1, keepdim=True)
-    losses = torch.where(valid, row_max + sum_exp.log2() - target_logits, 0.0)
-    if not need_grad:
-        return losses, None
-    if fold_scales:
-        target_terms, row_scales = sum_exp.neg(), row_factors / sum_exp
-    else:
-        exp = exp / sum_exp
-        target_terms, row_scales = -1.0, row_factors
-    is_target = torch.arange(x.shape[1], device=x.device) == targets
-    grad = torch.where(is_target, exp + target_terms, exp)
-    if softcap:
-        grad = grad * (1.0 - torch.tanh(logits.to(x.dtype)) ** 2)
-    logits.copy_(grad)
-    return losses, row_scales
-
-
+# torch._disable_dynamo is torch.compiler.disable that imports torch's compiler at the first call, not with model.py
+@torch._disable_dynamo
 @functools.cache
-def _compiled_softmax_chunk():
-    """_softmax_chunk_fused compiled, one graph for all chunk sizes (the last chunk is shorter; reduction='none' keeps
-    any number of rows). fullgraph: a graph break would split the fused kernel, so it is an error instead."""
-    return torch.compile(_softmax_chunk_fused, dynamic=True, fullgraph=True)
+def flash_varlen_attn():
+    """torch's FlashAttention over variable-length sequences (CUDA only), attn_window and doc_token's kernel, if this
+    torch has it with a sliding window (2.12+), else None. Imported when first asked: its module loads the compiler."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn if 'window_size' in inspect.signature(varlen_attn).parameters else None
 
+@torch._disable_dynamo # the number of documents depends on the tokens: computed eagerly, outside a compiled graph
+def document_segments(idx, doc_token):
+    """(cu_seqlens, longest): the offsets of the documents of idx (B, T) flattened, each row starting one and each
+    doc_token (if >= 0) another, and the longest one's length, as varlen_attn takes them."""
+    b, t = idx.shape
+    starts = torch.zeros(b, t, dtype=torch.bool, device=idx.device)
+    starts[:, 0] = True
+    if doc_token >= 0:
+        starts |= idx == doc_token
+    cu_seqlens = F.pad(starts.view(-1).nonzero().view(-1), (0, 1), value=b * t).to(torch.int32)
+    return cu_seqlens, int(cu_seqlens.diff().max())
 
-def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
-                            need_hidden_grad, need_weight_grad, per_row=False, fused=False, softcap=0.0):
-    """Mean cross-entropy of (hidden @ weight.T) against targets, chunk by chunk over the rows.
-    With gradients asked for, they are computed in the same pass: d loss / d logits = (softmax - onehot) / n_valid
-    for each chunk, then grad_hidden = g @ W and grad_weight += g.T @ h, so the total work is the three N*d*V
-    matmuls of the naive path and nothing is recomputed. The weight gradient accumulates in fp32.
+def document_attention(q, k, v, varlen_attn, cu_seqlens, longest, window):
+    """Causal attention within each document, over at most `window` positions (0: all), with FlashAttention's
+    variable-length kernel varlen_attn: only what blocked_attention's mask keeps. q, k, v (B, nh, T, hs)."""
+    B, nh, T, hs = q.shape
+    # in autocast's dtype, as SDPA casts them (qk_norm's RMSNorm may give fp32 queries and keys)
+    q, k, v = (t.transpose(1, 2).reshape(B * T, nh, hs).to(v.dtype) for t in (q, k, v))
+    y = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, window_size=(window - 1 if window else -1, 0))
+    return y.view(B, T, nh, hs).transpose(1, 2)
 
-    Each chunk's (rows, V) logits live in one buffer allocated once and overwritten in place. Eagerly it is fp32 and
-    held transposed, (V, rows) in memory: the (V, d) @ (d, rows) product runs faster on CPU than (rows, d) @ (d, V),
-    and the reductions over V run along contiguous columns. Every pass over that buffer is memory-bound time beyond
-    the matmuls (and weighs more on a GPU, whose matmuls are faster), so per-row factors go into the small (rows, d)
-    operands: log2(e), so that exp2 (faster than exp on CPU) gives the exponentials, and the softmax's 1 / sum with
-    1 / n_valid, so the buffer becomes exp - sum * onehot = sum * (softmax - onehot) and is never divided.
-    Under fp16 those scales (down to 1 / (n_valid * V)) fall below fp16's normal range, so there the softmax is
-    normalized in fp32 before the cast and 1 / n_valid applied to the fp32 results.
-    fused=True runs each chunk's softmax as compiled kernels (_softmax_chunk_fused) instead of _softmax_chunk's
-    passes; its buffer is row-major, what a kernel reducing along rows reads best, in the compute dtype.
-    per_row=True returns the (N,) losses of the rows (0 on ignored rows) instead of their mean.
-    softcap > 0 caps the logits z to softcap * tanh(z / softcap): the factor folded into the rows is 1 / softcap
-    instead of log2(e), the chunk's softmax applies tanh and log2(e) * softcap, and the eager path keeps the tanh in
-    a second buffer of the chunk's size for the gradient."""
-    w = weight.to(compute_dtype)  # the matmuls run in the compute dtype; casts are explicit: autocast changes nothing
-    acc_dtype = torch.promote_types(compute_dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
-    fold_scales = compute_dtype != torch.float16
-    need_grad = need_hidden_grad or need_weight_grad
-    n_rows, vocab_size = hidden.shape[0], weight.shape[0]
-    valid = (targets != ignore_index).unsqueeze(1)  # (N, 1), as the rows' targets and factors
-    # dividing by at least 1 makes an all-ignored batch give loss 0 and zero gradients, not 0/0 = NaN
-    inv_count = 1.0 / valid.sum().clamp(min=1).to(acc_dtype)
-    safe_targets = torch.where(valid, targets.unsqueeze(1), 0)  # (N, 1): vocabulary columns of the (rows, V) chunks
-    row_factors = valid * inv_count  # 1 / n_valid, 0 on ignored rows
-    loss_sum = torch.zeros((), dtype=acc_dtype, device=hidden.device)  # in bits (log base 2) until the end
-    row_losses = torch.empty(n_rows, dtype=acc_dtype, device=hidden.device) if per_row else None
-    grad_hidden = torch.empty_like(hidden) if need_hidden_grad else None
-    grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if need_weight_grad else None
-    softmax_chunk = _compiled_softmax_chunk() if fused else _softmax_chunk
-    chunk_buffer = torch.empty(min(chunk_size, n_rows) * vocab_size, dtype=compute_dtype if fused else acc_dtype,
-                               device=hidden.device)
-    tanh_buffer = torch.empty_like(chunk_buffer) if softcap and need_grad and not fused else None
-    # logits in base 2 (exp2 of them is exp of the logits), or z / softcap for the cap's tanh
-    logit_factor = 1.0 / softcap if softcap else LOG2E
-    for start in range(0, n_rows, chunk_size):
-        rows = slice(start, start + chunk_size)
-        h = hidden[rows]
-        h_log2e = _scaled(h, logit_factor, compute_dtype)
-        chunk = chunk_buffer[:vocab_size * h.shape[0]]  # contiguous for any rows
-        logits = chunk.view(h.shape[0], vocab_size) if fused else chunk.view(vocab_size, h.shape[0]).t()
-        tanh = None if tanh_buffer is None else tanh_buffer[:chunk.numel()].view(vocab_size, h.shape[0]).t()
-        if logits.dtype == compute_dtype:
-            torch.mm(h_log2e, w.t(), out=logits)
-        else:
-            logits.copy_((w @ h_log2e.t()).t())  # in the buffer's layout; softmax in fp32, as F.cross_entropy does
-        chunk_losses, row_scales = softmax_chunk(logits, safe_targets[rows], valid[rows], row_factors[rows],
-                                                 need_grad, fold_scales, softcap, tanh)
-        loss_sum += chunk_losses.sum()
-        if row_losses is not None:
-            row_losses[rows] = chunk_losses.squeeze(1)
-        if not need_grad:
-            continue
-        g = logits.to(compute_dtype)  # (rows, V), in the buffer's layout
-        if grad_hidden is not None:
-            torch.mul(g @ w, row_scales, out=grad_hidden[rows])  # scaled in fp32, not in the product's dtype
-        if grad_weight is not None:
-            # ignored rows (scale 0) add nothing to the weight gradient
-            h_scaled = _scaled(h, row_scales if fold_scales else valid[rows], compute_dtype)
-            if g.dtype == grad_weight.dtype:
-                grad_weight.addmm_(g.t(), h_scaled)  # accumulates in place: no (V, d) temporary
-            else:  # low-precision matmuls, fp32 accumulation, in vocabulary blocks: a whole (V, d) product would be
-                for block in range(0, vocab_size, VOCAB_BLOCK):  # another copy of the weight's size
-                    vocab = slice(block, block + VOCAB_BLOCK)
-                    grad_weight[vocab].add_(g[:, vocab].t() @ h_scaled)
-        del g
-    if grad_weight is not None and not fold_scales:
-        grad_weight.mul_(inv_count)
-    loss = row_losses.mul_(LN2) if per_row else loss_sum * (inv_count * LN2)
-    return loss, grad_hidden, grad_weight
+def rotary_cos_sin(pos, head_size, base=10000.0):
+    """The rotary embedding's (cos, sin) for positions `pos` (t,): each (t, head_size / 2), pair i of a head turning
+    at base**(-2i / head_size) radians a position (RoFormer, arXiv:2104.09864). Computed in fp32 from `pos` on
+    every forward: cheap, no buffer for weight_dtype to cast, and any positions (a cache's offset) work."""
+    inv_freq = base ** -(torch.arange(0, head_size, 2, dtype=torch.float32, device=pos.device) / head_size)
+    angles = torch.outer(pos.to(torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
 
+def apply_rotary(x, cos, sin):
+    """x (B, nh, T, hs) with the pairs (x[..., i], x[..., i + hs/2]) rotated by the angles of cos, sin (T, hs/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
 
-def _graph_is_kept():
-    """Whether the running backward keeps the graph (retain_graph=True), so saved tensors are needed again.
-    Private in torch; where it is missing, assume kept, the safe answer."""
-    keep_graph = getattr(torch._C._autograd, '_get_current_graph_task_keep_graph', None)
-    return keep_graph is None or keep_graph()
+class KVCache:
+    """The keys and values of every layer for the positions run so far, so that generation feeds the model only its
+    new tokens. Static, as in gpt-fast: all max_len positions allocated once; GPT.forward(idx, cache=...) writes its
+    tokens at positions length.. and advances length."""
 
-
-class _LinearCrossEntropy(torch.autograd.Function):
-    """Autograd wrapper: the gradients are computed in forward and only scaled by the upstream gradient here,
-    which carries gradient-accumulation (1/k) and GradScaler factors."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused, softcap):
-        loss, grad_hidden, grad_weight = _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size,
-                                                                 compute_dtype, *ctx.needs_input_grad[:2], fused=fused,
-                                                                 softcap=softcap)
-        ctx.save_for_backward(grad_hidden, grad_weight)
-        ctx.weight_dtype = weight.dtype
-        return loss
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        # Scaling the saved gradients in place spares a second copy of them (the weight gradient alone is V x d
-        # fp32), but only when no later backward through a retained graph needs them unscaled.
-        scale = torch.Tensor.mul if _graph_is_kept() else torch.Tensor.mul_
-        if grad_hidden is not None:
-            grad_hidden = scale(grad_hidden, grad_loss.to(grad_hidden.dtype))
-        if grad_weight is not None:
-            grad_weight = scale(grad_weight, grad_loss).to(ctx.weight_dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None, None
-
-
-def _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused, softcap):
-    """The (N,) losses, 0 on ignored rows: only the other rows are projected onto the vocabulary."""
-    keep = targets != ignore_index
-    kept = _chunked_loss_and_grads(hidden[keep], weight, targets[keep], ignore_index, chunk_size, compute_dtype,
-                                   False, False, per_row=True, fused=fused, softcap=softcap)[0]
-    losses = kept.new_zeros(targets.shape)
-    losses[keep] = kept
-    return losses
-
-
-def chunked_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean',
-                          softcap=0.0):
-    """Mean cross-entropy of the logits `hidden @ weight.T` against `targets`, ignoring `ignore_index`,
-    without ever holding more than about chunk_size x V logits. softcap > 0: of the logits
-    softcap * tanh(logits / softcap) (Gemma 2's logit soft-capping), with their exact gradients.
-
-    hidden (N, d), weight (V, d), targets (N,) -> scalar. chunk_size=None uses default_chunk_size(V).
-    With gradients enabled the forward pass also computes both gradients (weight gradient accumulated in fp32);
-    under no_grad it computes the loss only. If every target is ignored the loss is 0 (not NaN).
-    reduction='none' returns the (N,) loss of each row instead, 0 on ignored rows, as F.cross_entropy does; it is
-    for evaluation: ignored rows skip the vocabulary projection, and it has no gradients (an error if asked for).
-    Called from code that torch.compile compiles (a compiled GPT), each chunk's softmax runs as compiled kernels
-    (the chunk loop and its matmuls stay eager); called eagerly, all of it is eager."""
-    return _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, reduction,
-                                  fused=torch.compiler.is_compiling(), softcap=float(softcap))
-
-
-@torch._disable_dynamo  # a graph break here is cheap; the chunk loop stays eager under torch.compile
-def _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, reduction, fused, softcap=0.0):
-    """chunked_cross_entropy, run outside torch.compile's graphs; fused: each chunk's softmax compiled."""
-    if chunk_size is None:
-        chunk_size = default_chunk_size(weight.shape[0])
-    compute_dtype = _compute_dtype(hidden, weight)
-    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    if reduction == 'none':
-        if wants_grad:
-            raise RuntimeError("chunked_cross_entropy(reduction='none') has no gradients: call it under "
-                               "torch.no_grad()")
-        with torch.no_grad():
-            return _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused, softcap)
-    if reduction != 'mean':
-        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
-    if not wants_grad:
-        with torch.no_grad():
-            return _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
-                                           False, False, fused=fused, softcap=softcap)[0]
-    return _LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused,
-                                     softcap)
-
-
-def naive_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean', softcap=0.0):
-    """nanoGPT's loss, for comparison (model.loss_fn = naive_cross_entropy: bench.py, estimate_memory.py --loss=naive):
-    the full (N, vocab) logits, then cross-entropy. CUDA autocast runs cross-entropy's log_softmax in fp32 (CPU
-    autocast keeps bf16), so the cast is explicit and a trace on the CPU matches the GPU. softcap > 0: of the logits
-    capped as logit_softcap caps them."""
-    logits = F.linear(hidden, weight).float()
-    if softcap:
-        logits = softcap * torch.tanh(logits / softcap)
-    return F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction=reduction)
+    def __init__(self, config, batch_size, max_len, device, dtype):
+        shape = (batch_size, config.n_head, max_len, config.n_embd // config.n_head)
+        self.layers = [(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype))
+                       for _ in range(config.n_layer)]
+        # doc_token: the document of each position, for the masks of the positions that follow
+        self.docs = torch.zeros(batch_size, max_len, dtype=torch.long, device=device) if config.doc_token >= 0 else None
+        self.max_len = max_len
+        self.length = 0 # positions filled

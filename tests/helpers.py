@@ -206,7 +206,7 @@ def check_only_the_naive_loss_holds_the_logits(batch_size, n_layer):
     half the time) with nanoGPT's loss and with model.py's: the naive trace holds the (rows, 50304) bf16 logits and
     more, the chunked one nothing of them beyond a chunk. Returns (naive, chunked, logits): the training phases'
     traces and the logits' allocation."""
-    from model import CHUNK_ELEMENTS, VOCAB_BLOCK
+    from chunked_loss import CHUNK_ELEMENTS, VOCAB_BLOCK
     from training.memory import estimate
     naive, chunked = (estimate.trace(gpt2_estimator_config(batch_size, n_layer=n_layer), loss, evaluate=False,
                                      warm_start=True)['train'] for loss in ('naive', 'chunked'))

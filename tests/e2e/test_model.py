@@ -1,6 +1,6 @@
-"""model.py in subprocesses and under torch.compile: copied alone it trains, and compiled it computes what eager
-does, through torch's FlashAttention kernel too (on CPU kernels) without compiling anew for each window; on a CUDA
-GPU, FlashAttention's variable-length kernel computes what the masked attention does."""
+"""model.py in subprocesses and under torch.compile: copied with chunked_loss.py it trains, and compiled it computes
+what eager does, through torch's FlashAttention kernel too (on CPU kernels) without compiling anew for each window; on
+a CUDA GPU, FlashAttention's variable-length kernel computes what the masked attention does."""
 import os
 import shutil
 import subprocess
@@ -9,8 +9,9 @@ import sys
 import pytest
 import torch
 
-import model as model_lib
-from model import GPT, GPTConfig, chunked_cross_entropy
+import chunked_loss
+from chunked_loss import chunked_cross_entropy
+from model import GPT, GPTConfig
 from helpers import (ROOT, loss_and_gradients, loss_and_grads, loss_inputs, softcap_inputs, tiny_gpt,
                      tokens_with_documents)
 
@@ -22,8 +23,8 @@ def test_compiled_model_matches_eager_and_runs_the_compiled_chunks(monkeypatch, 
     model = tiny_gpt(**options)
     x = torch.randint(0, 50, (2, 16))
     fused_calls = []
-    compiled_chunk = model_lib._compiled_softmax_chunk
-    monkeypatch.setattr(model_lib, '_compiled_softmax_chunk', lambda *a: fused_calls.append(1) or compiled_chunk(*a))
+    compiled_chunk = chunked_loss._compiled_softmax_chunk
+    monkeypatch.setattr(chunked_loss, '_compiled_softmax_chunk', lambda *a: fused_calls.append(1) or compiled_chunk(*a))
     _, eager = model(x, x)
     eager_grads = torch.autograd.grad(eager, list(model.parameters()))
     assert not fused_calls  # eager: the eager chunk path
@@ -40,16 +41,17 @@ def test_softcap_compiled_chunks_match_eager():
     h, w, t = softcap_inputs(torch.float32)
     results = []
     for fused in (False, True):
-        loss = model_lib._chunked_cross_entropy(h, w, t, -1, 16, 'mean', fused=fused, softcap=5.0)
+        loss = chunked_loss._chunked_cross_entropy(h, w, t, -1, 16, 'mean', fused=fused, softcap=5.0)
         results.append((loss, *torch.autograd.grad(loss, (h, w))))
     for eager, compiled in zip(*results):
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
 
 
-def test_model_py_copied_alone_trains(tmp_path):
-    """nanoGPT's habit: copy model.py into another project. It needs torch and nothing of this repository, to train
-    or to generate."""
+def test_model_py_copied_with_chunked_loss_py_trains(tmp_path):
+    """nanoGPT's habit: copy model.py (and here chunked_loss.py) into another project. They need torch and nothing
+    else of this repository, to train or to generate."""
     shutil.copy(ROOT / 'model.py', tmp_path)
+    shutil.copy(ROOT / 'chunked_loss.py', tmp_path)
     code = ("import torch, model\n"
             "gpt = model.GPT(model.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))\n"
             "optimizer = gpt.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu')\n"
@@ -68,7 +70,7 @@ def test_model_py_copied_alone_trains(tmp_path):
 
 
 def test_compiled_chunks_match_eager_in_fp32_with_a_short_last_chunk():
-    compiled_loss = torch.compile(chunked_cross_entropy)  # its chunks' softmax runs compiled: _softmax_chunk_fused
+    compiled_loss = torch.compile(chunked_cross_entropy)  # its chunks' softmax runs compiled: _compiled_softmax_chunk
     h, w, t = loss_inputs()
     t[::5] = -1
     eager = loss_and_grads(lambda *a: chunked_cross_entropy(*a, chunk_size=7), h, w, t)  # 300 % 7 != 0
@@ -100,9 +102,9 @@ def test_compiled_chunk_body_has_no_graph_breaks_and_one_graph_serves_every_chun
     logits = (h @ w.t()).detach()
     targets = t.unsqueeze(1)
     valid = torch.ones_like(targets, dtype=torch.bool)
-    explanation = torch._dynamo.explain(model_lib._softmax_chunk_fused)(logits, targets, valid, valid / 300, True, True)
+    explanation = torch._dynamo.explain(chunked_loss._softmax_chunk)(logits, targets, valid, valid / 300, True, True)
     assert explanation.graph_count == 1 and explanation.graph_break_count == 0
-    compiled = lambda n, chunk: model_lib._chunked_cross_entropy(h[:n], w, t[:n], -1, chunk, 'mean', fused=True)
+    compiled = lambda n, chunk: chunked_loss._chunked_cross_entropy(h[:n], w, t[:n], -1, chunk, 'mean', fused=True)
     compiled(300, 64).backward()  # compiles (or reuses) the graph for fp32 with gradients
     with torch.compiler.set_stance('fail_on_recompile'):  # chunks of 64, 64, 22; then 50, 50, 50; then 90 and 7
         for n, chunk in ((150, 64), (150, 50), (97, 90)):
@@ -139,14 +141,13 @@ def assert_bf16_close(a, b):
 
 
 def test_compiled_flash_kernel_takes_any_window_and_documents_without_recompiling(flash_kernel):
-    """As on an Ampere GPU in bf16 (varlen_attention=True: the kernel's CPU stand-ins), compiled, the model runs torch's
+    """As on an Ampere GPU in bf16 (flash_kernel=True: the kernel's CPU stand-ins), compiled, the model runs torch's
     varlen_attn with a window warmup's windows and each batch's longest document as sizes, not constants: the first
     change of each compiles once more (dynamic from then on), then no window or batch compiles again, and every step
     computes what eager does."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=64, vocab_size=50, pos_emb='rope', qk_norm=True,
-                          attn_window=32, doc_token=3))
-    model.varlen_attention = True
+                          attn_window=32, doc_token=3), flash_kernel=True)
     compiled = torch.compile(model)
 
     def step(window, every):  # documents every `every` tokens from the 3rd: the longest is `every` (or the last) long
@@ -174,8 +175,9 @@ def test_flash_varlen_kernel_matches_attention_under_the_mask(window):
     with torch.autocast('cuda', dtype=torch.bfloat16):
         assert model.varlen_kernel(x) is not None  # the kernel runs, not the masked fallback
     kernel = bf16_loss_and_grads(model, x, y, window)
-    model.varlen_attention = False  # the same model through blocked_attention's masks
-    assert_bf16_close(kernel, bf16_loss_and_grads(model, x, y, window))
+    masked = GPT(GPTConfig(**PACKED_GPT), flash_kernel=False).cuda()  # the same weights through blocked_attention
+    masked.load_state_dict(model.state_dict())
+    assert_bf16_close(kernel, bf16_loss_and_grads(masked, x, y, window))
 
 
 @needs_ampere

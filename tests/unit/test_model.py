@@ -1,13 +1,15 @@
-"""model.py: the chunked loss against the naive reference, the GPT in nanoGPT's shape (compiled: e2e/test_model.py)."""
+"""chunked_loss.py against the naive reference, model.py's GPT in nanoGPT's shape (compiled: e2e/test_model.py)."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import chunked_loss
 import model as model_lib
+from chunked_loss import chunked_cross_entropy, naive_cross_entropy
 from helpers import loss_and_grads, loss_inputs, tiny_gpt
-from model import GPT, GPTConfig, chunked_cross_entropy
+from model import GPT, GPTConfig
 from training.memory.tracer import MemoryTracer
 
 
@@ -27,7 +29,7 @@ def test_fp64_many_chunks_and_fp32_match_naive():
 
 def test_bf16_autocast_with_fp32_master_weights(monkeypatch):
     # the weight gradient in 3 blocks of vocabulary: 257 = 100 + 100 + 57
-    monkeypatch.setattr(model_lib, "VOCAB_BLOCK", 100)
+    monkeypatch.setattr(chunked_loss, "VOCAB_BLOCK", 100)
     h, w, t = loss_inputs()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ref = loss_and_grads(naive, h, w, t)
@@ -192,26 +194,51 @@ def test_generate_and_last_position_logits():
     assert out.shape == (2, 23)
 
 
-def test_activation_checkpointing_same_loss_and_gradients():
-    model = tiny_gpt()
-    x = torch.randint(0, 50, (3, 16))
+def test_activation_checkpointing_same_loss_and_gradients(monkeypatch):
+    """GPT(config, activation_checkpointing=True) runs each block through torch's checkpoint, to the same results."""
+    config, x = tiny_gpt().config, torch.randint(0, 50, (3, 16))
+    checkpointed = []
+    checkpoint = model_lib.checkpoint
+    monkeypatch.setattr(model_lib, 'checkpoint', lambda *a, **k: checkpointed.append(1) or checkpoint(*a, **k))
     results = []
     for on in (False, True):
-        model.zero_grad()
-        model.activation_checkpointing = on
+        torch.manual_seed(0)
+        model = GPT(config, activation_checkpointing=on)
         _, loss = model(x, x)
         loss.backward()
         results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+        assert len(checkpointed) == (2 if on else 0)  # each of the 2 blocks, once
     torch.testing.assert_close(results[0][0], results[1][0])
     for a, b in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(a, b)
+
+
+def test_constructor_options_are_keywords_whose_defaults_are_nanogpts_model():
+    """GPT(config): no checkpointing, the chunked loss, FlashAttention's kernel where it runs; loss_fn replaces the
+    loss, called as GPT.forward calls it."""
+    model = tiny_gpt()
+    assert (model.activation_checkpointing, model.loss_fn, model.flash_kernel) == (False, chunked_cross_entropy, None)
+    with pytest.raises(TypeError):
+        GPT(model.config, True)
+    calls = []
+
+    def loss_fn(hidden, weight, targets, **kwargs):
+        calls.append(kwargs)
+        return naive_cross_entropy(hidden, weight, targets, **kwargs)
+    naive = GPT(model.config, loss_fn=loss_fn)
+    naive.load_state_dict(model.state_dict())
+    x = torch.randint(0, 50, (3, 16))
+    torch.testing.assert_close(naive(x, x)[1], model(x, x)[1])
+    assert calls == [dict(ignore_index=-1, reduction='mean')]
 
 
 def test_from_hf_model_matches_hugging_face_logits():
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(n_positions=16, n_embd=16, n_layer=2, n_head=2, vocab_size=50)).eval()
-    model = GPT.from_hf_model(hf, GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=16)).eval()
+    config = GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=16)
+    model = GPT.from_hf_model(hf, config, loss_fn=naive_cross_entropy).eval()
+    assert model.loss_fn is naive_cross_entropy  # GPT's options pass through
     x = torch.randint(0, 50, (2, 10))
     with torch.no_grad():
         ref = hf(x).logits[:, -1:, :]

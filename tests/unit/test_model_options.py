@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 
 import model as model_lib
+from chunked_loss import chunked_cross_entropy
 from helpers import ROOT, loss_and_gradients, softcap_inputs, tokens_with_documents
-from model import (GPT, GPTConfig, LayerNorm, apply_rotary, chunked_cross_entropy, local_attention_mask,
-                   rotary_cos_sin, value_embed_table)
+from model import (GPT, Attention, GPTConfig, KVCache, LayerNorm, apply_rotary, local_attention_mask, rotary_cos_sin,
+                   value_embed_table)
 
 
 # modded-nanogpt's later records: value embeddings, U-net skip connections, the embedding shortcut
@@ -52,12 +53,12 @@ def test_default_architecture_is_the_previous_implementation_to_the_bit(bias, dr
     x = torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(1))
     y = torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(2))
     y[0, :5] = -1
-    results = []
-    for lib in (reference, model_lib):
-        torch.manual_seed(1337)
-        model = lib.GPT(lib.GPTConfig(**SHAPE, bias=bias, dropout=dropout))
-        model.activation_checkpointing = checkpointing
-        results.append((model.state_dict(), *run(model, x, y)))
+    torch.manual_seed(1337)
+    previous = reference.GPT(reference.GPTConfig(**SHAPE, bias=bias, dropout=dropout))
+    previous.activation_checkpointing = checkpointing  # the previous model's switch: an attribute
+    torch.manual_seed(1337)
+    model = GPT(GPTConfig(**SHAPE, bias=bias, dropout=dropout), activation_checkpointing=checkpointing)
+    results = [(m.state_dict(), *run(m, x, y)) for m in (previous, model)]
     (state_a, loss_a, grads_a, losses_a, logits_a), (state_b, loss_b, grads_b, losses_b, logits_b) = results
     assert state_a.keys() == state_b.keys() and all(torch.equal(state_a[k], state_b[k]) for k in state_a)
     assert torch.equal(loss_a, loss_b) and torch.equal(losses_a, losses_b) and torch.equal(logits_a, logits_b)
@@ -168,7 +169,9 @@ def test_modern_gpt_matches_a_full_logits_reference_in_loss_gradients_and_infere
     x, y = torch.randint(0, 50, (3, 16)), torch.randint(0, 50, (3, 16))
     y[1, 3:] = -1
     chunked = loss_and_gradients(model, x, y)
-    model.loss_fn = lambda h, w, t, ignore_index, reduction, softcap: softcapped_naive(h, w, t, softcap, reduction)
+    naive = lambda h, w, t, ignore_index, reduction, softcap: softcapped_naive(h, w, t, softcap, reduction)
+    state, model = model.state_dict(), GPT(model.config, loss_fn=naive).double()
+    model.load_state_dict(state)
     torch.testing.assert_close(chunked, loss_and_gradients(model, x, y))
     # the logits of generation are capped as the loss's are: the last position's loss from either agrees
     logits, _ = model(x)
@@ -184,7 +187,8 @@ def test_modern_activation_checkpointing_same_loss_and_gradients():
     model = GPT(GPTConfig(**SHAPE, **MODERN))
     x = torch.randint(0, 50, (3, 16))
     plain_loss, plain_grads = loss_and_gradients(model, x, x)
-    model.activation_checkpointing = True
+    state, model = model.state_dict(), GPT(model.config, activation_checkpointing=True)
+    model.load_state_dict(state)
     loss, grads = loss_and_gradients(model, x, x)
     assert torch.equal(loss, plain_loss) and all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
 
@@ -292,9 +296,38 @@ def test_x0_shortcut_starts_as_the_plain_model_and_learns_to_mix_the_embedding_i
 
 
 
-@pytest.mark.parametrize('t, window, doc_token', [(16, 6, 3), (16, 4, -1), (13, 5, 3), (16, 0, 3), (16, 16, -1)],
+def test_every_layer_runs_the_attention_its_forward_chose_by_name(monkeypatch, flash_kernel):
+    """GPT.attention picks one kind a forward, from the config, the call's attn_window, the kernel and the cache, and
+    every layer's attention runs that kind; a kind it does not know is an error."""
+    kinds = []
+    attend = model_lib.CausalSelfAttention.attend
+    monkeypatch.setattr(model_lib.CausalSelfAttention, 'attend', lambda self, q, k, v, attention, cache:
+                        kinds.append(attention.kind) or attend(self, q, k, v, attention, cache))
+    x = tokens_with_documents((2, 16), 1)
+
+    def run(config, forward_args={}, **options):
+        kinds.clear()
+        model = GPT(GPTConfig(**SHAPE, pos_emb='rope', **config), **options).eval()
+        with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+            model(x, **forward_args)
+        return kinds
+    assert run({}) == ['causal'] * 2
+    assert run(dict(attn_window=16)) == ['causal'] * 2  # a window as long as the sequence: causal alone
+    assert run(dict(attn_window=6)) == ['window'] * 2
+    assert run(dict(attn_window=16), dict(attn_window=6)) == ['window'] * 2  # the call's window
+    assert run(dict(doc_token=3)) == ['masked'] * 2
+    assert run(dict(attn_window=6, doc_token=3), flash_kernel=True) == ['varlen'] * 2
+    assert run(dict(attn_window=6, doc_token=3), flash_kernel=False) == ['window'] * 2
+    assert run({}, dict(cache=KVCache(GPTConfig(**SHAPE), 2, 16, 'cpu', torch.bfloat16))) == ['cache'] * 2
+    with pytest.raises(ValueError, match="'sparse'"):
+        model_lib.CausalSelfAttention(GPTConfig(**SHAPE))(torch.randn(1, 4, 16), attention=Attention('sparse'))
+
+
+@pytest.mark.parametrize('t, window, doc_token, kind', [(16, 6, 3, 'window'), (16, 4, -1, 'window'),
+                                                      (13, 5, 3, 'window'), (16, 0, 3, 'masked'),
+                                                      (16, 16, -1, 'causal')],
                          ids=['window and documents', 'window', 'window, padded block', 'documents', 'whole block'])
-def test_attention_in_blocks_is_attention_under_the_dense_mask(t, window, doc_token):
+def test_attention_in_blocks_is_attention_under_the_dense_mask(monkeypatch, t, window, doc_token, kind):
     """attn_window's blocked_attention (each block of queries against two blocks of keys) and doc_token's mask give the
     loss and gradients of attention under the whole (t, t) mask of what each position may see."""
     torch.manual_seed(0)
@@ -303,8 +336,9 @@ def test_attention_in_blocks_is_attention_under_the_dense_mask(t, window, doc_to
     pos = torch.arange(t)
     docs = (x == doc_token).cumsum(1) if doc_token >= 0 else torch.zeros_like(x)
     dense = local_attention_mask(pos, pos, window, docs, docs).unsqueeze(1)
+    assert model.attention(x, pos, None, window).kind == kind
     blocked = loss_and_gradients(model, x, y)
-    model.attention_mask = lambda idx, pos, cache, window: dense
+    monkeypatch.setattr(model, 'attention', lambda idx, pos, cache, window: Attention('masked', mask=dense))
     torch.testing.assert_close(blocked, loss_and_gradients(model, x, y))
 
 
@@ -355,13 +389,14 @@ def test_a_calls_attn_window_is_the_model_built_with_that_window(monkeypatch, re
 
 
 def test_flash_attentions_kernel_runs_where_it_can(flash_kernel):
-    """CUDA (or varlen_attention=True, as the estimator traces), bf16 or fp16 by autocast or weights, heads the kernel
-    takes, no dropout."""
-    model = GPT(GPTConfig(**SHAPE, attn_window=6, dropout=0.1))
+    """CUDA (or flash_kernel=True, as the estimator traces), bf16 or fp16 by autocast or weights, heads the kernel
+    takes, no dropout; never with flash_kernel=False."""
+    config = GPTConfig(**SHAPE, attn_window=6, dropout=0.1)
     idx = torch.zeros(1, 16, dtype=torch.long)
-    model.eval()
-    assert model.varlen_kernel(idx) is None  # a CPU tensor
-    model.varlen_attention = True
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert GPT(config).eval().varlen_kernel(idx) is None  # a CPU tensor
+        assert GPT(config, flash_kernel=False).eval().varlen_kernel(idx) is None
+    model = GPT(config, flash_kernel=True).eval()
     assert model.varlen_kernel(idx) is None  # fp32
     with torch.autocast('cpu', dtype=torch.bfloat16):
         assert model.varlen_kernel(idx) is flash_kernel
@@ -370,9 +405,8 @@ def test_flash_attentions_kernel_runs_where_it_can(flash_kernel):
     model.eval().to(torch.float16)
     assert model.varlen_kernel(idx) is flash_kernel
     for n_embd in (24, 528):  # heads 12 and 264 wide: FlashAttention takes multiples of 8 up to 256
-        other = GPT(GPTConfig(**{**SHAPE, 'n_embd': n_embd}, attn_window=6)).eval().to(torch.float16)
-        other.varlen_attention = True
-        assert other.varlen_kernel(idx) is None
+        other = GPT(GPTConfig(**{**SHAPE, 'n_embd': n_embd}, attn_window=6), flash_kernel=True)
+        assert other.eval().to(torch.float16).varlen_kernel(idx) is None
 
 
 def test_mfu_counts_attention_over_the_window():

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 import model as model_module
-from model import chunked_cross_entropy, naive_cross_entropy
+from chunked_loss import chunked_cross_entropy, naive_cross_entropy
 from training import optim, rules, step
 from training.checkpoint import load_checkpoint
 from training.errors import ConfigError
@@ -45,7 +45,7 @@ ESTIMATOR_DEFAULTS = dict(
     ladder=False, # if it does not fit: add memory levers one at a time until it does, and print that command
     measure=False, # also run two real training steps on this machine's GPU: the ground truth
     world_size=1, # processes under torchrun: the per-rank memory of ddp, zero1 or fsdp
-    loss='chunked', # chunked: model.py's loss; naive: nanoGPT's full logits, to compare
+    loss='chunked', # chunked: chunked_loss.py's loss; naive: nanoGPT's full logits, to compare
 )
 # The ladder of memory levers (--ladder), in order: each rung adds its keys to the rungs before it, at what cost
 LADDER = (
@@ -111,6 +111,16 @@ def rows_as_documents(idx, doc_token):
     kernel keeps the same tensors for any number of documents)."""
     b, t = idx.shape
     return torch.arange(0, b * t + 1, t, dtype=torch.int32, device=idx.device), t
+
+
+SCALED_DOT_PRODUCT_ATTENTION = torch.nn.functional.scaled_dot_product_attention  # torch's, which the trace replaces
+
+
+def attention_as_on_cuda(q, k, v, attn_mask=None, dropout_p=0.0, **kwargs):
+    """F.scaled_dot_product_attention for a trace: CUDA's attention kernels apply dropout inside the kernel and keep
+    no T x T matrix; CPU's SDPA falls back to the math kernel for dropout, which would, so the trace runs attention
+    without dropout."""
+    return SCALED_DOT_PRODUCT_ATTENTION(q, k, v, attn_mask=attn_mask, **kwargs)
 
 
 def autocast(device_type, config):
@@ -208,16 +218,13 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
              f"{', step in backward' if config['optimizer_in_backward'] else ''}")
     tracer = MemoryTracer(alignment)
     with (sharded_rank(config) as mesh, FakeTensorMode(), tracer, optim.representative_updates_only(),
-          mock.patch.object(model_module, 'document_segments', rows_as_documents)):
+          mock.patch.object(model_module, 'document_segments', rows_as_documents),
+          mock.patch.object(torch.nn.functional, 'scaled_dot_product_attention', attention_as_on_cuda)):
         # attn_window and doc_token run in FlashAttention's kernel on CUDA (GPT.varlen_kernel), which a fake tensor on
         # the CPU traces: its kept tensors, not the masked blocks a CPU computes
         model, optimizer = build(config, 'cpu', device_type, mesh, flash_kernel=device_type == 'cuda',
                                  loss_fn=tracer.traced_loss(LOSS_FUNCTIONS[loss]))
         tracer.watch(model, local_optimizer(optimizer))
-        for block in model.transformer.h:
-            # CUDA's attention kernels apply dropout inside the kernel and keep no T x T matrix; CPU's SDPA falls
-            # back to the math kernel for dropout, which would, so the trace runs attention without dropout
-            block.attn.dropout = 0.0
         if config['world_size'] > 1 and config['parallelism'] != 'fsdp':
             # DDP (zero1 too) copies the gradients to buckets of their own (gradient_as_bucket_view=False)
             buckets = torch.empty(sum(p.numel() for p in model.parameters()), dtype=torch.float32)
@@ -354,7 +361,7 @@ def check_config(config):
     rules.check_config(config, config['world_size'], 'cuda')
     model_args(config)  # block_size and the dataset's vocabulary against the model's
     if config['loss'] not in LOSSES:
-        raise ConfigError(f"unknown loss {config['loss']!r}: use --loss=chunked (model.py's) or --loss=naive "
+        raise ConfigError(f"unknown loss {config['loss']!r}: use --loss=chunked (chunked_loss.py's) or --loss=naive "
                           f"(nanoGPT's full logits, for comparison)")
     if config['measure'] and not torch.cuda.is_available():
         raise ConfigError(f'--measure runs two real training steps on a GPU, but CUDA is not available here '

@@ -107,8 +107,8 @@ def test_export_then_init_from_gives_the_same_weights(tmp_path):
     model = trained_like_gpt(0)
     write_checkpoint(tmp_path / 'out', model)
     export(tmp_path / 'out', tmp_path / 'hf', str(data / 'meta.pkl'))
-    back = pretrained_model(str(tmp_path / 'hf'), dropout=0.1)
-    assert back.config.dropout == 0.1
+    back = pretrained_model(str(tmp_path / 'hf'), dropout=0.1, activation_checkpointing=True)
+    assert back.config.dropout == 0.1 and back.activation_checkpointing  # GPT's options reach the model
     assert back.state_dict().keys() == model.state_dict().keys()
     assert all(torch.equal(back.state_dict()[k], v) for k, v in model.state_dict().items())
 

@@ -88,6 +88,16 @@ def test_activation_checkpointing_lowers_the_traced_activations(tiny):
     assert checkpointed['peak_bytes'] < plain['peak_bytes']
 
 
+def test_attention_dropout_is_traced_as_cudas_kernels_apply_it(tiny):
+    """CUDA's attention kernels apply dropout inside, keeping no (T, T) matrix of attention weights, where a CPU's
+    math kernel would: the trace keeps, beyond a run without dropout, only the other dropouts' masks."""
+    config = {**tiny, 'block_size': 256, 'n_embd': 32}  # a (T, T) matrix outweighs a layer's (T, C) activations
+    plain, dropped = (em.trace({**config, 'dropout': p}, evaluate=False, warm_start=True)['train']['breakdown']
+                      for p in (0.0, 0.1))
+    weights = config['batch_size'] * config['n_head'] * 256 * 256 * 4  # one layer's attention weights, fp32
+    assert 0 < dropped['activations'] - plain['activations'] < weights
+
+
 def test_windowed_documents_trace_cudas_flash_kernel_not_the_cpus_masked_blocks(tiny):
     """On CUDA in bf16, attn_window and doc_token run FlashAttention's variable-length kernel, which keeps what causal
     attention keeps, give or take a layout copy; a CPU computes the windows in blocks, its padded keys and values and

@@ -1,0 +1,257 @@
+"""
+Chunked, fused linear + cross-entropy: the loss of model.py's GPT.forward, without the (rows, vocab) logits.
+
+nanoGPT computes `lm_head(x)` for every position, a (B*T, vocab) logits tensor (batch 64 x block 1024 x 50304 in
+bf16 is 6.14 GiB, plus fp32 copies in cross-entropy), which is what runs 12 GB cards out of memory.
+chunked_cross_entropy fuses the vocabulary projection with cross-entropy over row chunks, so those logits never exist,
+in training or in evaluation; naive_cross_entropy is nanoGPT's loss, for comparison. It needs only torch: copy it
+with model.py.
+"""
+
+import functools
+import math
+
+import torch
+from torch.nn import functional as F
+
+# Elements of the one buffer that holds a chunk's logits (chunk rows x vocab): 19 * 2**20 elements, 76 MiB in fp32,
+# 384 rows of GPT-2's 50304-token vocabulary, whatever the batch. Smaller chunks run the matmuls less efficiently,
+# larger ones cost memory without speed (docs/loss.md). Small vocabularies get one chunk.
+CHUNK_ELEMENTS = 19 * 2 ** 20
+LOG2E, LN2 = 1 / math.log(2), math.log(2)  # exp(x) = exp2(x * LOG2E), log(x) = log2(x) * LN2
+VOCAB_BLOCK = 8192  # rows of the weight gradient a low-precision product covers at once (12 MiB in bf16 at d=768)
+
+def default_chunk_size(vocab_size):
+    rows = max(1, CHUNK_ELEMENTS // vocab_size)
+    return rows if rows < 16 else rows - rows % 16  # multiples of 16 suit matmul kernels
+
+def _compute_dtype(hidden, weight):
+    """The dtype F.linear would compute in here: autocast's if autocast is on, else the inputs' common dtype."""
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+def _scaled(x, factor, dtype):
+    """x * factor, rounded once into `dtype`: no temporary of x's size in x's (fp32) dtype."""
+    return torch.mul(x, factor, out=torch.empty(x.shape, dtype=dtype, device=x.device))
+
+
+def _softmax_chunk(logits, targets, valid, row_factors, need_grad, fold_scales, softcap=0.0, tanh=None):
+    """One chunk's cross-entropy. logits: (rows, V) logits in base 2, overwritten; targets (0 on ignored rows), valid
+    and row_factors: (rows, 1). Returns the (rows, 1) losses in bits (0 on ignored rows) and, with need_grad, the
+    rows' gradient factors (rows, 1), logits then holding sum * (softmax - onehot) (fold_scales) or softmax - onehot.
+    softcap > 0: logits come in as z / softcap (natural units) and are capped to softcap * tanh(z / softcap) in bits
+    here, the gradient taking the factor 1 - tanh**2 (d capped / d z).
+    Run eagerly, logits is an fp32 (fp64) buffer and every op a pass over it in place: no temporary of the chunk's
+    size (with softcap and need_grad, `tanh`, a buffer of logits' shape, keeps the tanh). Compiled
+    (_compiled_softmax_chunk), logits may be in the matmul's dtype, upcast inside the kernel (an fp32 softmax without
+    an fp32 buffer), and Inductor fuses the same ops: the chunk is read for its max and sum, then read again and the
+    gradient written over it, where the eager path makes four to six passes. There the onehot is a comparison of
+    column indices, as scatter_add_ would stop the fusion, and `tanh` is None."""
+    compiled = torch.compiler.is_compiling()
+    # eagerly logits itself; compiled, a value in registers that only the gradient's write stores (bf16: upcast)
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=compiled)
+    if softcap:
+        tanh = torch.tanh(x, out=tanh) if need_grad else x.tanh_()
+        x = torch.mul(tanh, softcap * LOG2E, out=x)
+    row_max = x.amax(1, keepdim=True)
+    target_logits = x.gather(1, targets)
+    x = x.sub_(row_max).exp2_()
+    sum_exp = x.sum(1, keepdim=True)  # >= 1: the max term is 2**0
+    losses = torch.where(valid, row_max + sum_exp.log2() - target_logits, 0.0)
+    if not need_grad:
+        return losses, None
+    if fold_scales:
+        target_terms, row_scales = sum_exp.neg(), row_factors / sum_exp
+    else:
+        x = x.div_(sum_exp)
+        target_terms, row_scales = torch.full_like(sum_exp, -1.0), row_factors
+    if compiled:
+        x = torch.where(torch.arange(x.shape[1], device=x.device) == targets, x + target_terms, x)
+    else:
+        x.scatter_add_(1, targets, target_terms)
+    if softcap:
+        x = x.mul_(tanh.square_().neg_().add_(1.0))
+    logits.copy_(x)  # eagerly x is logits: no copy
+    return losses, row_scales
+
+
+@functools.cache
+def _compiled_softmax_chunk():
+    """_softmax_chunk compiled, one graph for all chunk sizes (the last chunk is shorter; reduction='none' keeps any
+    number of rows). fullgraph: a graph break would split the fused kernel, so it is an error instead."""
+    return torch.compile(_softmax_chunk, dynamic=True, fullgraph=True)
+
+
+def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
+                            need_hidden_grad, need_weight_grad, per_row=False, fused=False, softcap=0.0):
+    """Mean cross-entropy of (hidden @ weight.T) against targets, chunk by chunk over the rows.
+    With gradients asked for, they are computed in the same pass: d loss / d logits = (softmax - onehot) / n_valid
+    for each chunk, then grad_hidden = g @ W and grad_weight += g.T @ h, so the total work is the three N*d*V
+    matmuls of the naive path and nothing is recomputed. The weight gradient accumulates in fp32.
+
+    Each chunk's (rows, V) logits live in one buffer allocated once and overwritten in place. Eagerly it is fp32 and
+    held transposed, (V, rows) in memory: the (V, d) @ (d, rows) product runs faster on CPU than (rows, d) @ (d, V),
+    and the reductions over V run along contiguous columns. Every pass over that buffer is memory-bound time beyond
+    the matmuls (and weighs more on a GPU, whose matmuls are faster), so per-row factors go into the small (rows, d)
+    operands: log2(e), so that exp2 (faster than exp on CPU) gives the exponentials, and the softmax's 1 / sum with
+    1 / n_valid, so the buffer becomes exp - sum * onehot = sum * (softmax - onehot) and is never divided.
+    Under fp16 those scales (down to 1 / (n_valid * V)) fall below fp16's normal range, so there the softmax is
+    normalized in fp32 before the cast and 1 / n_valid applied to the fp32 results.
+    fused=True runs each chunk's softmax as compiled kernels (_compiled_softmax_chunk) instead of eager
+    passes; its buffer is row-major, what a kernel reducing along rows reads best, in the compute dtype.
+    per_row=True returns the (N,) losses of the rows (0 on ignored rows) instead of their mean.
+    softcap > 0 caps the logits z to softcap * tanh(z / softcap): the factor folded into the rows is 1 / softcap
+    instead of log2(e), the chunk's softmax applies tanh and log2(e) * softcap, and the eager path keeps the tanh in
+    a second buffer of the chunk's size for the gradient."""
+    w = weight.to(compute_dtype)  # the matmuls run in the compute dtype; casts are explicit: autocast changes nothing
+    acc_dtype = torch.promote_types(compute_dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
+    fold_scales = compute_dtype != torch.float16
+    need_grad = need_hidden_grad or need_weight_grad
+    n_rows, vocab_size = hidden.shape[0], weight.shape[0]
+    valid = (targets != ignore_index).unsqueeze(1)  # (N, 1), as the rows' targets and factors
+    # dividing by at least 1 makes an all-ignored batch give loss 0 and zero gradients, not 0/0 = NaN
+    inv_count = 1.0 / valid.sum().clamp(min=1).to(acc_dtype)
+    safe_targets = torch.where(valid, targets.unsqueeze(1), 0)  # (N, 1): vocabulary columns of the (rows, V) chunks
+    row_factors = valid * inv_count  # 1 / n_valid, 0 on ignored rows
+    loss_sum = torch.zeros((), dtype=acc_dtype, device=hidden.device)  # in bits (log base 2) until the end
+    row_losses = torch.empty(n_rows, dtype=acc_dtype, device=hidden.device) if per_row else None
+    grad_hidden = torch.empty_like(hidden) if need_hidden_grad else None
+    grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if need_weight_grad else None
+    softmax_chunk = _compiled_softmax_chunk() if fused else _softmax_chunk
+    chunk_buffer = torch.empty(min(chunk_size, n_rows) * vocab_size, dtype=compute_dtype if fused else acc_dtype,
+                               device=hidden.device)
+    tanh_buffer = torch.empty_like(chunk_buffer) if softcap and need_grad and not fused else None
+    # logits in base 2 (exp2 of them is exp of the logits), or z / softcap for the cap's tanh
+    logit_factor = 1.0 / softcap if softcap else LOG2E
+    for start in range(0, n_rows, chunk_size):
+        rows = slice(start, start + chunk_size)
+        h = hidden[rows]
+        h_log2e = _scaled(h, logit_factor, compute_dtype)
+        chunk = chunk_buffer[:vocab_size * h.shape[0]]  # contiguous for any rows
+        logits = chunk.view(h.shape[0], vocab_size) if fused else chunk.view(vocab_size, h.shape[0]).t()
+        tanh = None if tanh_buffer is None else tanh_buffer[:chunk.numel()].view(vocab_size, h.shape[0]).t()
+        if logits.dtype == compute_dtype:
+            torch.mm(h_log2e, w.t(), out=logits)
+        else:
+            logits.copy_((w @ h_log2e.t()).t())  # in the buffer's layout; softmax in fp32, as F.cross_entropy does
+        chunk_losses, row_scales = softmax_chunk(logits, safe_targets[rows], valid[rows], row_factors[rows],
+                                                 need_grad, fold_scales, softcap, tanh)
+        loss_sum += chunk_losses.sum()
+        if row_losses is not None:
+            row_losses[rows] = chunk_losses.squeeze(1)
+        if not need_grad:
+            continue
+        g = logits.to(compute_dtype)  # (rows, V), in the buffer's layout
+        if grad_hidden is not None:
+            torch.mul(g @ w, row_scales, out=grad_hidden[rows])  # scaled in fp32, not in the product's dtype
+        if grad_weight is not None:
+            # ignored rows (scale 0) add nothing to the weight gradient
+            h_scaled = _scaled(h, row_scales if fold_scales else valid[rows], compute_dtype)
+            if g.dtype == grad_weight.dtype:
+                grad_weight.addmm_(g.t(), h_scaled)  # accumulates in place: no (V, d) temporary
+            else:  # low-precision matmuls, fp32 accumulation, in vocabulary blocks: a whole (V, d) product would be
+                for block in range(0, vocab_size, VOCAB_BLOCK):  # another copy of the weight's size
+                    vocab = slice(block, block + VOCAB_BLOCK)
+                    grad_weight[vocab].add_(g[:, vocab].t() @ h_scaled)
+        del g
+    if grad_weight is not None and not fold_scales:
+        grad_weight.mul_(inv_count)
+    loss = row_losses.mul_(LN2) if per_row else loss_sum * (inv_count * LN2)
+    return loss, grad_hidden, grad_weight
+
+
+def _graph_is_kept():
+    """Whether the running backward keeps the graph (retain_graph=True), so saved tensors are needed again.
+    Private in torch; where it is missing, assume kept, the safe answer."""
+    keep_graph = getattr(torch._C._autograd, '_get_current_graph_task_keep_graph', None)
+    return keep_graph is None or keep_graph()
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Autograd wrapper: the gradients are computed in forward and only scaled by the upstream gradient here,
+    which carries gradient-accumulation (1/k) and GradScaler factors."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused, softcap):
+        loss, grad_hidden, grad_weight = _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size,
+                                                                 compute_dtype, *ctx.needs_input_grad[:2], fused=fused,
+                                                                 softcap=softcap)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        # Scaling the saved gradients in place spares a second copy of them (the weight gradient alone is V x d
+        # fp32), but only when no later backward through a retained graph needs them unscaled.
+        scale = torch.Tensor.mul if _graph_is_kept() else torch.Tensor.mul_
+        if grad_hidden is not None:
+            grad_hidden = scale(grad_hidden, grad_loss.to(grad_hidden.dtype))
+        if grad_weight is not None:
+            grad_weight = scale(grad_weight, grad_loss).to(ctx.weight_dtype)
+        return grad_hidden, grad_weight, None, None, None, None, None, None
+
+
+def _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused, softcap):
+    """The (N,) losses, 0 on ignored rows: only the other rows are projected onto the vocabulary."""
+    keep = targets != ignore_index
+    kept = _chunked_loss_and_grads(hidden[keep], weight, targets[keep], ignore_index, chunk_size, compute_dtype,
+                                   False, False, per_row=True, fused=fused, softcap=softcap)[0]
+    losses = kept.new_zeros(targets.shape)
+    losses[keep] = kept
+    return losses
+
+
+def chunked_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean',
+                          softcap=0.0):
+    """Mean cross-entropy of the logits `hidden @ weight.T` against `targets`, ignoring `ignore_index`,
+    without ever holding more than about chunk_size x V logits. softcap > 0: of the logits
+    softcap * tanh(logits / softcap) (Gemma 2's logit soft-capping), with their exact gradients.
+
+    hidden (N, d), weight (V, d), targets (N,) -> scalar. chunk_size=None uses default_chunk_size(V).
+    With gradients enabled the forward pass also computes both gradients (weight gradient accumulated in fp32);
+    under no_grad it computes the loss only. If every target is ignored the loss is 0 (not NaN).
+    reduction='none' returns the (N,) loss of each row instead, 0 on ignored rows, as F.cross_entropy does; it is
+    for evaluation: ignored rows skip the vocabulary projection, and it has no gradients (an error if asked for).
+    Called from code that torch.compile compiles (a compiled GPT), each chunk's softmax runs as compiled kernels
+    (the chunk loop and its matmuls stay eager); called eagerly, all of it is eager."""
+    return _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, reduction,
+                                  fused=torch.compiler.is_compiling(), softcap=float(softcap))
+
+
+@torch._disable_dynamo  # a graph break here is cheap; the chunk loop stays eager under torch.compile
+def _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, reduction, fused, softcap=0.0):
+    """chunked_cross_entropy, run outside torch.compile's graphs; fused: each chunk's softmax compiled."""
+    if chunk_size is None:
+        chunk_size = default_chunk_size(weight.shape[0])
+    compute_dtype = _compute_dtype(hidden, weight)
+    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if reduction == 'none':
+        if wants_grad:
+            raise RuntimeError("chunked_cross_entropy(reduction='none') has no gradients: call it under "
+                               "torch.no_grad()")
+        with torch.no_grad():
+            return _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused, softcap)
+    if reduction != 'mean':
+        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+    if not wants_grad:
+        with torch.no_grad():
+            return _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
+                                           False, False, fused=fused, softcap=softcap)[0]
+    return _LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused,
+                                     softcap)
+
+
+def naive_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean', softcap=0.0):
+    """nanoGPT's loss, for comparison (GPT(config, loss_fn=naive_cross_entropy) in bench.py and estimate_memory.py
+    --loss=naive): the full (N, vocab) logits, then cross-entropy. CUDA autocast runs cross-entropy's log_softmax in
+    fp32 (CPU autocast keeps bf16), so the cast is explicit and a trace on the CPU matches the GPU. softcap > 0: of
+    the logits capped as logit_softcap caps them."""
+    logits = F.linear(hidden, weight).float()
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    return F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction=reduction)
