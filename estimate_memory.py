@@ -24,8 +24,8 @@ import time
 import configurator
 from training import optim, rules
 from training.errors import ConfigError, fail
-from training.memory.estimate import (ESTIMATOR_DEFAULTS, FRAGMENTATION, GIB, LOSSES, MIB, TRACED_ITERATIONS,
-                                      check_config, estimate, gib)
+from training.memory.estimate import (FRAGMENTATION, GIB, LOSSES, MIB, TRACED_ITERATIONS, check_config, estimate,
+                                      gib)
 
 FITS, DOES_NOT_FIT, BAD_INPUT = 0, 1, 2  # exit statuses (fail() exits 2 for bad input)
 

@@ -60,7 +60,8 @@ def test_every_key_of_the_tools_help_has_a_description(script):
         assert set(train) < set(keys)
     if script == 'estimate_memory.py':  # its own keys first, then train.py's
         import estimate_memory
-        own = list(estimate_memory.ESTIMATOR_DEFAULTS)
+        from training.memory.estimate import ESTIMATOR_DEFAULTS
+        own = list(ESTIMATOR_DEFAULTS)
         assert list(keys)[:len(own)] == own
         assert set(keys) == set(estimate_memory.estimator_defaults())
         assert 'exit status: 0 the config fits, 1 it does not (training or evaluation), 2 bad input' in text
