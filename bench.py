@@ -12,9 +12,11 @@ $ python bench.py --mode=card      # this GPU with every card preset that fits i
                                    # estimate, step time, MFU, the GPU-only checks, hours to the speedrun's budget;
                                    # writes card.md and card.json (training/card.py; on a CPU, presets scaled down)
 
-Keys are overridden as in train.py: config files, then --key=value (python bench.py --help lists them). train.py's
-keys are bench.py's too: train mode builds train.py's model (architecture keys, weight_dtype, activation
-checkpointing) and optimizer (optim and its keys), from scratch, without its learning rate schedule.
+Keys are overridden as in train.py: config files, then --key=value (python bench.py --help lists them). bench.py
+declares its own keys; train.py's are bench.py's too, with train.py's defaults (none is overridden here): train mode
+builds train.py's model (architecture keys, weight_dtype, activation checkpointing) and optimizer (optim and its
+keys), from scratch, without its learning rate schedule; compile compiles that model, and in loss mode each loss
+besides its eager self; sample mode runs generate eagerly, as nanoGPT's does.
 """
 import gc
 import importlib
@@ -35,7 +37,7 @@ from model import GPTConfig
 from training import card, rules
 from training.optim import warm_up
 from training.step import Prefetcher, build, build_model, train_step
-from training.device import TORCH_DTYPES, check_device, default_device, default_dtype, peak_flops
+from training.device import TORCH_DTYPES, check_device, peak_flops
 from training.errors import ConfigError, fail, first_line, install_handler
 from training.memory.tracer import MemoryTracer
 
@@ -59,28 +61,18 @@ def torch_linear_cross_entropy():
 # where this torch lacks it)
 LOSSES = {'chunked': chunked_cross_entropy, 'naive': naive_cross_entropy, 'torch': torch_linear_cross_entropy()}
 
+MODES = ('train', 'loss', 'sample', 'card')
+
 # -----------------------------------------------------------------------------
-mode = 'train' # 'train': time training iterations; 'loss': time and memory of the loss path alone; 'sample': time
-               # GPT.generate with and without its KV cache
-# model (train mode); n_embd and vocab_size are also the loss mode's d and V
-batch_size = 12
-block_size = 1024
-n_layer = 12
-n_head = 12
-n_embd = 768
-vocab_size = GPTConfig.vocab_size # GPT-2's, padded
-bias = False
-dropout = 0.0 # 0 for determinism
-# data (train mode)
-real_data = True # read data_dir/dataset/train.bin; False: one fixed batch of random tokens
-data_dir = 'data'
-dataset = 'openwebtext'
-seed = 1337
+mode = 'train' # what to time: training iterations; the loss path alone (time and memory); GPT.generate with and
+               # without its KV cache; or (training/card.py) the presets on this card
+vocab_size = 0 # the model's vocabulary, also the loss mode's V (n_embd is its d); 0 = GPTConfig's, GPT-2's padded
+real_data = True # train mode: read data_dir/dataset/train.bin; False: one fixed batch of random tokens
 # train mode
-burnin_steps = 10
-num_steps = 20
-loss = 'chunked' # the losses to time, comma-separated: chunked (chunked_loss.py), naive (nanoGPT's full logits), torch
-                 # (F.linear_cross_entropy's chunked path); each with the same model, data and micro-batch
+burnin_steps = 10 # training iterations run before the timed ones (compilation and warm-up), not timed
+num_steps = 20 # training iterations timed, after the burn-in
+loss = 'chunked' # the losses to time, comma-separated (LOSSES: chunked_loss.py's, nanoGPT's full logits, torch's chunked
+                 # F.linear_cross_entropy); each with the same model, data and micro-batch
 find_batch_size = False # also find the largest micro-batch each loss trains at, by trying it on the GPU (CUDA only)
 profile = False # train mode: the torch profiler (traces in ./bench_log) instead of simple timing; loss mode: also
                 # split one run of each method into its matmuls and the rest, with torch.profiler
@@ -95,23 +87,15 @@ card_presets = '' # the config/*_<N>gb.py presets to run, comma-separated file n
 card_seconds = 420 # after this many seconds the presets not yet run are listed as skipped
 card_steps = 3 # timed steps of each preset, after one untimed
 card_report = 'card' # the report's path without its extension: card.md and card.json
-# system
-device = default_device()
-dtype = default_dtype(device)
-compile = device == 'cuda' # torch.compile the model (train mode); loss mode: also time each method compiled; sample
-                           # mode: not used (generate runs its model eagerly, as nanoGPT's does)
 # -----------------------------------------------------------------------------
-config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
-bench_defaults = {k: globals()[k] for k in config_keys}
-# then train.py's other keys, so that its presets and model and optimizer keys apply here as they are
-defaults = {**bench_defaults, **{k: v for k, v in configurator.train_defaults().items() if k not in bench_defaults}}
-config = configurator.load_config(defaults, sys.argv[1:], help_source=(configurator.TRAIN_PY, __file__),
-                                  choices=rules.CHOICES)
+# then train.py's keys, with train.py's defaults, so that its presets and model and optimizer keys apply as they are
+config = configurator.load_config({**configurator.read_keys(__file__), **configurator.train_keys()}, sys.argv[1:],
+                                  {**rules.CHOICES, 'mode': MODES, 'loss': LOSSES})
 device_type = check_device(config['device'], config['dtype'])
 if config['mode'] != 'loss': # train.py's checks of the model and optimizer it builds (one process, no accumulation)
     rules.check_config({**config, 'gradient_accumulation_steps': 1, 'init_from': 'scratch'}, 1, device_type)
-if config['mode'] not in ('train', 'loss', 'sample', 'card'):
-    raise ConfigError(f"unknown mode {config['mode']!r}: use 'train', 'loss', 'sample' or 'card'")
+if config['mode'] not in MODES:
+    raise ConfigError(f"unknown mode {config['mode']!r}: use one of {', '.join(MODES)}")
 try:
     rows_list = [int(n) for n in config['loss_rows'].split(',')]
     chunk_sizes = [int(c) for c in config['chunk_size'].split(',')]
@@ -131,6 +115,7 @@ for name in loss_names:
 if config['find_batch_size'] and device_type != 'cuda':
     raise ConfigError('find_batch_size tries micro-batches until the GPU runs out of memory: it needs CUDA')
 globals().update(config)
+vocab_size = vocab_size or GPTConfig.vocab_size
 # -----------------------------------------------------------------------------
 
 torch.manual_seed(seed)
@@ -502,8 +487,8 @@ def bench_sample():
 def bench_card():
     """training/card.py's measurements of this device with the presets, and its report written."""
     names = [name for name in card_presets.split(',') if name]
-    result = card.run({k: v for k, v in config.items() if k in configurator.train_defaults()}, device, device_type,
-                      names, steps=card_steps, seconds=card_seconds, progress=lambda line: print(line, flush=True))
+    result = card.run(device, device_type, names, steps=card_steps, seconds=card_seconds,
+                      progress=lambda line: print(line, flush=True))
     print(card.markdown(result))
     print('wrote ' + ' and '.join(card.write_report(result, card_report)))
 

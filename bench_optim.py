@@ -46,39 +46,30 @@ install_handler() # bad input ends the script with one line and exit status 2 (t
 
 # -----------------------------------------------------------------------------
 runs = 'adamw,muon' # comma-separated names of RUNS to compare
-data_dir = 'data'
-dataset = 'shakespeare' # data_dir/dataset/train.bin and val.bin, as train.py reads them
 eot_token = 50256 # the token between the dataset's documents (GPT-2's <|endoftext|>): recipe.LAYOUTS' doc_token
 seeds = '1337' # comma-separated; each seed's initial weights, batches and validation windows are every run's
-# model: 4 layers, d=128, GPT-2's vocabulary (or meta.pkl's), 128-token windows
+json_path = '' # also write the curves and the summary to this JSON file
+# train.py's keys this benchmark sets apart from train.py's defaults (for train.py's description, no comment):
+# a small model briefly trained on the CPU, 4 layers, d=128, GPT-2's vocabulary (or meta.pkl's), 128-token windows
+dataset = 'shakespeare'
 n_layer = 4
 n_head = 4
 n_embd = 128
 block_size = 128
-batch_size = 16
-# training: train.py's keys and meaning
+batch_size = 16 # windows a step, every run the same tokens (no accumulation)
 max_iters = 200
-eval_interval = 25
+eval_interval = 25 # steps between validation losses
 eval_iters = 20 # validation batches of batch_size windows: the same windows at every evaluation
 learning_rate = 1e-3 # AdamW's (optim='muon': for the embeddings, LayerNorms and biases)
-muon_learning_rate = 0.02 # of the runs that do not set their own (the recipe's: training/recipe.py)
-muon_momentum = 0.95
-muon_momentum_warmup_iters = 0 # optim='muon': train.py's key
-weight_decay = 1e-1
-beta1 = 0.9
-beta2 = 0.95
-grad_clip = 1.0
 warmup_iters = 10
 lr_decay_iters = 200
 min_lr = 1e-4
-attn_window_warmup_iters = 0 # the window warmup of the runs that do not set their own ('recipe+window_warmup' does)
-attn_window_warmup_start = 64
-lr_schedule = 'cosine' # of the runs that do not set their own ('baseline': cosine, 'recipe': wsd)
-cooldown_frac = 0.2 # lr_schedule='wsd'
-dtype = 'float32' # 'bfloat16': every run under bf16 autocast, as train.py's dtype (the bf16-weight runs need it)
-autocast_cache = False # train.py's key: a run may turn it on
-activation_checkpointing = False # every run
-json_path = '' # also write the curves and the summary to this JSON file
+dtype = 'float32' # bfloat16: every run under bf16 autocast, as train.py's dtype (the bf16-weight runs need it)
+# -----------------------------------------------------------------------------
+# train.py's keys the runs read at train.py's defaults, where a run of RUNS sets none of its own
+TRAIN_KEYS = ('data_dir', 'muon_learning_rate', 'muon_momentum', 'muon_momentum_warmup_iters', 'weight_decay', 'beta1',
+              'beta2', 'grad_clip', 'attn_window_warmup_iters', 'attn_window_warmup_start', 'lr_schedule',
+              'cooldown_frac', 'autocast_cache', 'activation_checkpointing')
 # -----------------------------------------------------------------------------
 # name: train.py keys of the run ('nearest': torch's AdamW on bf16 weights, which rounds each update to nearest)
 RUNS = {'adamw': {'optim': 'adamw'}, 'muon': {'optim': 'muon'},
@@ -98,8 +89,9 @@ def run_names(runs):
     return names
 
 
-config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
-config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:])
+train_keys = configurator.train_keys()
+config = configurator.load_config({**configurator.read_keys(__file__, base=train_keys),
+                                   **{key: train_keys[key] for key in TRAIN_KEYS}}, sys.argv[1:], rules.CHOICES)
 names = run_names(config['runs'])
 seed_list = [int(seed) for seed in config['seeds'].split(',')]
 config.update(optimizer_in_backward=False, parallelism='ddp', weight_dtype='float32', init_from='scratch',

@@ -9,77 +9,145 @@ Differences, all about errors: each is a ConfigError whose message is one line n
 An int is accepted for a float key; a key whose default is None accepts anything; a str key takes the text as given
 (--wandb_run_name=123 is the string '123'). Config files may define helper variables of their own, as in nanoGPT,
 but a name that is a near miss of a key (learning_rat = 1e-3) is reported as the typo it probably is.
+
+A script declares each of its keys once, in one line: `key = default # what it does`, the lines between the first two
+SEPARATOR lines at its top, as nanoGPT's train.py shows its keys (or the items `key=default, # what it does` of a
+`name = dict(...)`). read_keys reads a declaration without running it. A description that needs more room goes on
+comment lines below, starting in its comment's column; `#:` lines right above a key describe it instead of its own
+comment (train.py keeps nanoGPT's lines as nanoGPT wrote them, some with no comment). The values a key takes are
+written once, as a tuple where the key acts (optim.OPTIMS, device.DTYPES, ... gathered in rules.CHOICES), and passed
+to load_config as `choices`: --help lists the same tuple the checks test.
 """
 import ast
+import collections
 import difflib
 import io
+import operator
 import os
 import sys
 import tokenize
 
+from training.device import default_backend, default_compile, default_device, default_dtype
 from training.errors import ConfigError
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')
-DEFAULTS_BEGIN = '# --- config defaults ---'
-DEFAULTS_END = '# --- end config defaults ---'
+SEPARATOR = '# ' + '-' * 77  # nanoGPT's line around train.py's keys
 CONFIG_TYPES = (int, float, bool, str, type(None))
-# nanoGPT's train.py leaves these keys without a comment, or with one that describes no key (wandb_run_name's);
-# train.py keeps those lines as nanoGPT wrote them, so that its diff stays readable, and --help takes these
-NANOGPT_KEY_DESCRIPTIONS = {
-    'out_dir': "ckpt.pt is written here, and read from here with init_from='resume'",
-    'eval_interval': 'evaluate the train and val loss (and save a checkpoint) every this many iterations',
-    'log_interval': 'print the loss every this many iterations',
-    'eval_iters': "micro-batches averaged for each split's loss at an evaluation",
-    'wandb_log': 'log losses, learning rates, speed and memory to Weights & Biases (docs/wandb.md; pip install wandb)',
-    'wandb_project': 'the wandb project the run is logged to',
-    'wandb_run_name': "the run's name in wandb",
-    'dataset': 'the directory under data_dir, prepared by prepare/<dataset>.py',
-    'block_size': 'context length in tokens: each sample is this many tokens',
-    'n_layer': 'transformer blocks',
-    'n_head': 'attention heads per block; n_embd must be divisible by it',
-    'n_embd': 'width of the residual stream',
-    'weight_decay': 'on the 2-D parameters (matrices, embeddings); biases and LayerNorms get none',
-    'beta1': "AdamW's first-moment decay",
-    'beta2': "AdamW's second-moment decay",
-}
+# the calls a default may make: what the machine has, so that the defaults suit it (training/device.py)
+DEFAULT_FUNCTIONS = {f.__name__: f for f in (default_device, default_dtype, default_compile, default_backend)}
+# the arithmetic a default may do on literals and earlier keys (nanoGPT's gradient_accumulation_steps = 5 * 8)
+OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+             ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos}
+Key = collections.namedtuple('Key', 'default description')
+
+
+def read_keys(path, name=None, base=None):
+    """{key: Key(default, description)} of the declaration in the Python file `path`, in its order: the lines between
+    its first two SEPARATOR lines, or with `name`, the items of its `name = dict(...)`. Nothing of the file runs: a
+    default is computed from its expression (value_of), and anything that is not a described declaration is a
+    ConfigError naming the file and line, for the developer who wrote it. `base`: the keys (train.py's) whose default
+    the file may set again, a key of them without a comment keeping base's description."""
+    with open(path, encoding='utf-8') as f:
+        source = f.read()
+    tree = ast.parse(source, path)
+    comments = comment_lines(source)
+    keys = {}
+    for key, node, first, last in (dict_items(tree, name, path) if name else block_items(tree, comments, path)):
+        where = f'{os.path.relpath(path)} line {first}'
+        if key in keys:
+            raise ConfigError(f'{where}: {key} is declared twice')
+        default = value_of(node, keys, where)
+        if not isinstance(default, CONFIG_TYPES):
+            raise ConfigError(f'{where}: the default of {key} is a {type(default).__name__}: use an int, float, bool '
+                              f'or str')
+        description = describe(comments, first, last) or (base[key].description if key in (base or {}) else '')
+        if not description:
+            raise ConfigError(f'{where}: {key} has no description: end its line with `# what it does`')
+        keys[key] = Key(default, description)
+    return keys
+
+
+def comment_lines(source):
+    """{line number: (column, text, alone)} of the comments of `source`; alone: nothing but the comment on its line."""
+    return {token.start[0]: (token.start[1], token.string, not token.line[:token.start[1]].strip())
+            for token in tokenize.generate_tokens(io.StringIO(source).readline) if token.type == tokenize.COMMENT}
+
+
+def block_items(tree, comments, path):
+    """(key, value node, first line, last line) of each assignment between the first two SEPARATOR lines of the
+    module `tree`; ConfigError for any other statement there."""
+    separators = [line for line, (column, text, _) in sorted(comments.items()) if column == 0 and text == SEPARATOR]
+    if len(separators) < 2:
+        raise ConfigError(f'{os.path.relpath(path)}: no declaration of keys between two {SEPARATOR[:12]}... lines')
+    for statement in tree.body:
+        if not separators[0] < statement.lineno < separators[1]:
+            continue
+        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)):
+            raise ConfigError(f'{os.path.relpath(path)} line {statement.lineno}: only `key = default # what it does` '
+                              f'lines declare keys, got {ast.unparse(statement).splitlines()[0]!r}')
+        yield statement.targets[0].id, statement.value, statement.lineno, statement.end_lineno
+
+
+def dict_items(tree, name, path):
+    """(key, value node, first line, last line) of each item of the module-level `name = dict(key=default, ...)`."""
+    for statement in tree.body:
+        if (isinstance(statement, ast.Assign) and [ast.unparse(t) for t in statement.targets] == [name]
+                and isinstance(statement.value, ast.Call) and ast.unparse(statement.value.func) == 'dict'
+                and not statement.value.args and all(item.arg for item in statement.value.keywords)):
+            return [(item.arg, item.value, item.lineno, item.end_lineno) for item in statement.value.keywords]
+    raise ConfigError(f'{os.path.relpath(path)}: no declaration of keys `{name} = dict(key=default, ...)`')
+
+
+def value_of(node, keys, where):
+    """The value of a default's expression, computed from its parts: a literal, arithmetic (OPERATORS), an earlier
+    key of `keys`, or a call of DEFAULT_FUNCTIONS with such arguments. ConfigError for anything else."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in keys:
+        return keys[node.id].default
+    if isinstance(node, ast.UnaryOp) and type(node.op) in OPERATORS:
+        return OPERATORS[type(node.op)](value_of(node.operand, keys, where))
+    if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+        return OPERATORS[type(node.op)](value_of(node.left, keys, where), value_of(node.right, keys, where))
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in DEFAULT_FUNCTIONS
+            and not node.keywords):
+        return DEFAULT_FUNCTIONS[node.func.id](*(value_of(arg, keys, where) for arg in node.args))
+    raise ConfigError(f"{where}: a default is a literal, arithmetic, an earlier key or a call of "
+                      f"{', '.join(DEFAULT_FUNCTIONS)}; got {ast.unparse(node)!r}")
+
+
+def describe(comments, first, last):
+    """The description of the key declared on lines first..last: the `#:` lines right above it, else the comment that
+    ends its last line and the comment lines below that start in the same column."""
+    above = []
+    while first - 1 in comments and comments[first - 1][2] and comments[first - 1][1].startswith('#:'):
+        first -= 1
+        above.insert(0, comments[first][1][2:].strip())
+    if above:
+        return ' '.join(above)
+    if last not in comments or comments[last][2]:
+        return ''
+    column = comments[last][0]
+    lines = [comments[last][1]]
+    while last + 1 in comments and comments[last + 1][2] and comments[last + 1][0] == column:
+        last += 1
+        lines.append(comments[last][1])
+    return ' '.join(line.lstrip('#').strip() for line in lines)
+
+
+def defaults(keys):
+    """{key: default} of read_keys' `keys`."""
+    return {name: key.default for name, key in keys.items()}
+
+
+def train_keys():
+    """train.py's keys, for the tools that take its configs (bench.py, estimate_memory.py) and the tests."""
+    return read_keys(TRAIN_PY)
 
 
 def train_defaults():
-    """train.py's config keys and defaults, for the tools that take its configs (estimate_memory.py): the block of
-    train.py between DEFAULTS_BEGIN and DEFAULTS_END, run on its own. train.py keeps its defaults in place, as in
-    nanoGPT, where a researcher edits them; the block holds assignments and the one import they need."""
-    with open(TRAIN_PY, encoding='utf-8') as f:
-        source = f.read()
-    block = source[source.index(DEFAULTS_BEGIN):source.index(DEFAULTS_END)]
-    namespace = {}
-    exec(block, namespace)
-    return {k: v for k, v in namespace.items() if not k.startswith('_') and isinstance(v, CONFIG_TYPES)}
-
-
-def key_comments(source):
-    """{key: comment} of the lines of Python `source` that assign a key and end in a comment: `key = value  # text`
-    (train.py's defaults block) or `key=value,  # text` (a `defaults = dict(...)`). The first assignment of a key is
-    the one read: the defaults come before anything else that assigns the name."""
-    comments, lines = {}, {}
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        lines.setdefault(token.start[0], []).append(token)
-    for tokens in lines.values():
-        tokens = [t for t in tokens if t.type not in (tokenize.INDENT, tokenize.DEDENT, tokenize.NL, tokenize.NEWLINE)]
-        if len(tokens) < 3 or tokens[0].type != tokenize.NAME or tokens[1].string != '=':
-            continue
-        name = tokens[0].string
-        if name not in comments:
-            comments[name] = tokens[-1].string.lstrip('#').strip() if tokens[-1].type == tokenize.COMMENT else ''
-    return {name: comment for name, comment in comments.items() if comment}
-
-
-def script_comments(path):
-    """key_comments of the Python file at `path`; for train.py, with NANOGPT_KEY_DESCRIPTIONS."""
-    with open(path, encoding='utf-8') as f:
-        comments = key_comments(f.read())
-    if os.path.abspath(path) == TRAIN_PY:
-        comments.update(NANOGPT_KEY_DESCRIPTIONS)
-    return comments
+    return defaults(train_keys())
 
 
 def closest_keys(key, keys):
@@ -136,31 +204,27 @@ def run_config_file(path, config):
     return updates
 
 
-def help_text(defaults, descriptions=None, choices=None):
-    """--help: each key with its default, its description (descriptions: {key: text}, from key_comments) and its
-    allowed values (choices: {key: values}; True or False for a bool)."""
-    descriptions, choices = descriptions or {}, choices or {}
+def help_text(keys, choices=None):
+    """--help: each of read_keys' `keys` with its default, its description and the values it takes (choices:
+    {key: values}; True or False for a bool)."""
+    choices = choices or {}
     script = os.path.basename(sys.argv[0]) if sys.argv[0].endswith('.py') else 'SCRIPT.py'
     lines = [f'usage: python {script} [config_file.py ...] [--key=value ...]',
              'config files (Python) run in order, then --key=value overrides; the keys, their defaults and values:']
-    for key, value in defaults.items():
-        allowed = ('one of: ' + ', '.join(map(str, choices[key])) if key in choices else
-                   'True or False' if isinstance(value, bool) else '')
-        text = '; '.join(filter(None, (descriptions.get(key, ''), allowed)))
-        lines.append(f'  --{key}={value!r}' + (f'  {text}' if text else ''))
+    for name, (default, description) in keys.items():
+        allowed = ('one of: ' + ', '.join(map(str, choices[name])) if name in choices else
+                   'True or False' if isinstance(default, bool) else '')
+        lines.append(f"  --{name}={default!r}  {'; '.join(filter(None, (description, allowed)))}".rstrip())
     return '\n'.join(lines)
 
 
-def load_config(defaults, argv, help_source=None, choices=None):
-    """A new dict of `defaults`' keys with the config files and --key=value overrides of `argv` applied in order.
-    `--help` (or -h) prints help_text, with the keys described by the comments of the file `help_source` where they
-    are assigned (the calling script; a tuple of files: the last one's comment wins), and exits 0."""
+def load_config(keys, argv, choices=None):
+    """A new dict of read_keys' `keys` and their defaults, with the config files and --key=value overrides of `argv`
+    applied in order. `--help` (or -h) prints help_text and exits 0."""
     if '--help' in argv or '-h' in argv:
-        sources = help_source if isinstance(help_source, tuple) else (help_source,) if help_source else ()
-        descriptions = {key: text for source in sources for key, text in script_comments(source).items()}
-        print(help_text(defaults, descriptions, choices))
+        print(help_text(keys, choices))
         sys.exit(0)
-    config = dict(defaults)
+    config = defaults(keys)
     for arg in argv:
         if arg.startswith('--'):
             key, value = parse_override(arg, config)

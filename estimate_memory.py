@@ -24,8 +24,8 @@ import time
 import configurator
 from training import optim, rules
 from training.errors import ConfigError, fail
-from training.memory.estimate import (ESTIMATOR_DEFAULTS, FRAGMENTATION, GIB, LOSSES, MIB, TRACED_ITERATIONS,
-                                      check_config, estimate, gib)
+from training.memory.estimate import (FRAGMENTATION, GIB, LOSSES, MIB, TRACED_ITERATIONS, check_config, estimate,
+                                      gib)
 
 FITS, DOES_NOT_FIT, BAD_INPUT = 0, 1, 2  # exit statuses (fail() exits 2 for bad input)
 
@@ -135,19 +135,27 @@ def tokens_text(tokens, configured_tokens):
             f'accumulate')
 
 
+def estimator_keys():
+    """This script's keys (ESTIMATOR_DEFAULTS, read as a declaration) first, then train.py's, with the dtype its
+    defaults pick on a bf16 GPU (on a machine without one they say float32; float16 GPUs take the same bytes)."""
+    own = configurator.read_keys(inspect.getfile(estimate), 'ESTIMATOR_DEFAULTS')
+    train = configurator.train_keys()
+    dtype = train['dtype']._replace(default='bfloat16', description=f"{train['dtype'].description}; here as on a GPU")
+    return {**own, **train, 'dtype': dtype}
+
+
 def estimator_defaults():
-    """train.py's keys and defaults, with the dtype its defaults pick on a bf16 GPU (on a machine without one they say
-    float32; float16 GPUs take the same bytes), and this script's own keys."""
-    return {**configurator.train_defaults(), 'dtype': 'bfloat16', **ESTIMATOR_DEFAULTS}
+    return configurator.defaults(estimator_keys())
 
 
 def load_config(argv):
     """The checked config of argv: train.py's config files and --key=value overrides, plus this script's keys; a bare
     boolean flag (--json) means --json=True. ConfigError for bad input."""
-    defaults = estimator_defaults()
+    keys = estimator_keys()
+    defaults = configurator.defaults(keys)
     argv = [f'{arg}=True' if arg.startswith('--') and isinstance(defaults.get(arg[2:]), bool) else arg for arg in argv]
     with contextlib.redirect_stdout(io.StringIO()):  # the configurator echoes the config files: noise here
-        config = configurator.load_config(defaults, argv)
+        config = configurator.load_config(keys, argv)
     check_config(config)
     return config
 
@@ -165,11 +173,7 @@ def progress_printer():
 def main(argv):
     """Estimate, report, and exit with FITS or DOES_NOT_FIT (BAD_INPUT, through fail(), for bad input)."""
     if '--help' in argv or '-h' in argv:
-        # this script's keys first, then train.py's, each described by its comment where it is defined
-        descriptions = {**configurator.script_comments(configurator.TRAIN_PY),
-                        **configurator.script_comments(inspect.getfile(estimate))}
-        print(configurator.help_text({**ESTIMATOR_DEFAULTS, **estimator_defaults()}, descriptions,
-                                     {**rules.CHOICES, 'loss': LOSSES}))
+        print(configurator.help_text(estimator_keys(), {**rules.CHOICES, 'loss': LOSSES}))
         print(f'exit status: {FITS} the config fits, {DOES_NOT_FIT} it does not (training or evaluation), '
               f'{BAD_INPUT} bad input')
         sys.exit(0)

@@ -27,7 +27,7 @@ try:
     import transformers # noqa: F401  the folder is written by transformers itself
 except ImportError:
     fail('export_hf.py writes the folder with Hugging Face transformers: pip install transformers')
-config = configurator.load_config(defaults, sys.argv[1:])
+config = configurator.load_config(configurator.read_keys(__file__, 'defaults'), sys.argv[1:])
 hf_dir = config['hf_dir'] or f"{config['out_dir']}/hf"
 check_writable_dir(hf_dir, key='hf_dir')
 # everything is read and checked before anything is written

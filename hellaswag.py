@@ -25,17 +25,17 @@ install_handler() # bad input ends the script with one line and exit status 2 (t
 
 # -----------------------------------------------------------------------------
 defaults = dict(
-    init_from='resume', # 'resume' (from an out_dir), a gpt2 variant (e.g. 'gpt2-xl') or a Hugging Face GPT-2 folder
+    init_from='resume', # the model: resume loads out_dir's checkpoint; or OpenAI's GPT-2, or a Hugging Face folder
     out_dir='out', # ignored if init_from is not 'resume'
     data_path='', # a HellaSwag jsonl file; '' = data/hellaswag/hellaswag_val.jsonl, downloaded the first time
     max_examples=0, # score only the first max_examples examples; 0 = all
     batch_size=16, # examples a forward pass, 4 rows each
     device=default_device(), # examples: 'cpu', 'cuda', 'cuda:0', 'cuda:1', etc. (the GPU if there is one)
-    dtype=default_dtype(default_device()), # 'float32' or 'bfloat16' or 'float16', as train.py's default
+    dtype=default_dtype(default_device()), # autocast's, as train.py's default (float32 off CUDA)
     compile=False, # use PyTorch 2.0 to compile the model to be faster
 )
-config = configurator.load_config(defaults, sys.argv[1:], help_source=__file__,
-                                  choices={'init_from': LOAD_CHOICES, 'dtype': DTYPES})
+config = configurator.load_config(configurator.read_keys(__file__, 'defaults'), sys.argv[1:],
+                                  {'init_from': LOAD_CHOICES, 'dtype': DTYPES})
 device_type = check_device(config['device'], config['dtype'])
 globals().update(config)
 if max_examples < 0:

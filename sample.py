@@ -25,7 +25,7 @@ install_handler() # bad input ends the script with one line and exit status 2 (t
 
 # -----------------------------------------------------------------------------
 defaults = dict(
-    init_from='resume', # 'resume' (from an out_dir), a gpt2 variant (e.g. 'gpt2-xl') or a Hugging Face GPT-2 folder
+    init_from='resume', # the model: resume loads out_dir's checkpoint; or OpenAI's GPT-2, or a Hugging Face folder
     out_dir='out', # ignored if init_from is not 'resume'
     start="\n", # or "<|endoftext|>" or etc. Can also specify a file, use as: "FILE:prompt.txt"
     num_samples=10, # number of samples to draw
@@ -34,11 +34,11 @@ defaults = dict(
     top_k=200, # retain only the top_k most likely tokens, clamp others to have 0 probability
     seed=1337, # seeds torch's sampler: the same seed and prompt give the same samples
     device=default_device(), # examples: 'cpu', 'cuda', 'cuda:0', 'cuda:1', etc. (the GPU if there is one)
-    dtype=default_dtype(default_device()), # 'float32' or 'bfloat16' or 'float16', as train.py's default
+    dtype=default_dtype(default_device()), # autocast's, as train.py's default (float32 off CUDA)
     compile=False, # use PyTorch 2.0 to compile the model to be faster
 )
-config = configurator.load_config(defaults, sys.argv[1:], help_source=__file__,
-                                  choices={'init_from': LOAD_CHOICES, 'dtype': DTYPES})
+config = configurator.load_config(configurator.read_keys(__file__, 'defaults'), sys.argv[1:],
+                                  {'init_from': LOAD_CHOICES, 'dtype': DTYPES})
 device_type = check_device(config['device'], config['dtype'])
 globals().update(config)
 if temperature <= 0:

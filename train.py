@@ -23,6 +23,7 @@ global micro-step m*W + r, so the data depends neither on the world size nor on 
 is the mean over all micro-batches of all ranks (nanoGPT: the master's last micro-batch). The support code (checks,
 checkpoints, optimizers, parallelism, memory) lives in training/, one concern a module.
 """
+
 import os
 # expandable segments make fragmentation-driven OOMs rarer; the allocator reads this when CUDA first starts,
 # so it is set before torch is imported. A configuration of the user's own wins.
@@ -40,12 +41,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed import init_process_group, destroy_process_group
 
 import configurator
 from training import rules
 from training.checkpoint import checkpoint_path, load_checkpoint, restore_training_state, save_checkpoint
 from training.data import get_encoding
-from training.device import TORCH_DTYPES, check_device, peak_flops
+from training.device import (TORCH_DTYPES, check_device, default_backend, default_compile, default_device,
+                             default_dtype, peak_flops)
 from training.errors import INTERRUPTED_STATUS, fail, first_line, install_handler, on_error
 from training.hellaswag import cached_val_file, evaluate, read_examples, report_cut_contexts
 from training.memory.advice import cuda_memory_stats, oom_advice
@@ -60,42 +63,54 @@ if int(os.environ.get('RANK', 0)) != 0:
     sys.stdout = open(os.devnull, 'w') # under torchrun rank 0 prints for all: the same config, model and log lines
 
 # -----------------------------------------------------------------------------
-# --- config defaults --- (estimate_memory.py reads the keys and defaults of this block: configurator.train_defaults)
-from training.device import default_device, default_dtype
 # default config values designed to train a gpt2 (124M) on OpenWebText
+# (what a key does: its comment, or the `#:` line above a line kept as nanoGPT wrote it; configurator.py reads them)
 # I/O
+#: ckpt.pt is written here, and read from here with init_from='resume'
 out_dir = 'out'
+#: evaluate the train and val loss (and save a checkpoint) every this many iterations
 eval_interval = 2000
+#: print the loss every this many iterations
 log_interval = 1
+#: micro-batches averaged for each split's loss at an evaluation
 eval_iters = 200
 eval_only = False # if True, script exits right after the first eval
 always_save_checkpoint = True # if True, always save a checkpoint after each eval
+#: the weights to start from; resume also restores out_dir's optimizer state and iteration number
 init_from = 'scratch' # 'scratch' or 'resume' or 'gpt2*'
 seed = 1337 # initial weights from seed, rank r's dropout from seed + r; batches from (seed, iteration, micro-step)
 # wandb logging
+#: log losses, learning rates, speed and memory to Weights & Biases (docs/wandb.md; pip install wandb)
 wandb_log = False # disabled by default
+#: the wandb project the run is logged to
 wandb_project = 'owt'
+#: the run's name in wandb
 wandb_run_name = 'gpt2' # 'run' + str(time.time())
 # data
 data_dir = 'data' # the dataset is read from data_dir/dataset/: train.bin, val.bin, optional meta.pkl
+#: the directory under data_dir, prepared by prepare/<dataset>.py
 dataset = 'openwebtext'
 gradient_accumulation_steps = 5 * 8 # used to simulate larger batch sizes
 batch_size = 12 # if gradient_accumulation_steps > 1, this is the micro-batch size
+#: context length in tokens: each sample is this many tokens
 block_size = 1024
 eval_batch_size = 0 # estimate_loss's micro-batch (same windows, same loss), 0 = batch_size; no backward: larger fits
 hellaswag = False # also score HellaSwag at each evaluation (GPT-2 tokens; its data: data_dir/hellaswag/)
 hellaswag_examples = 0 # with hellaswag: the first N validation examples, 0 = all 10,042
 # model
+#: transformer blocks
 n_layer = 12
+#: attention heads per block; n_embd must be divisible by it
 n_head = 12
+#: width of the residual stream
 n_embd = 768
 dropout = 0.0 # for pretraining 0 is good, for finetuning try 0.1+
 bias = False # do we use bias inside LayerNorm and Linear layers?
 # modern architecture (modded-nanogpt's; docs/modern_recipe.md): GPT-2's by default, recorded in model_args when changed
-pos_emb = 'learned' # 'learned' (GPT-2's wpe table) or 'rope' (rotary embeddings in attention, no wpe)
-norm = 'layernorm' # 'layernorm' or 'rmsnorm'
+pos_emb = 'learned' # how attention sees positions: GPT-2's learned wpe table, or rope's rotary embeddings (no wpe)
+norm = 'layernorm' # the normalization at each block's attention and MLP inputs and after the last block
 qk_norm = False # RMSNorm each head's queries and keys before attention
-mlp = 'gelu' # 'gelu' or 'relu2' (ReLU squared)
+mlp = 'gelu' # the MLP's activation (relu2: ReLU squared)
 tie_weights = True # False: an untied lm_head, its own matrix
 zero_init_proj = False # start the blocks' output projections (and an untied lm_head) at zero
 logit_softcap = 0.0 # > 0: logits capped to logit_softcap * tanh(logits / logit_softcap), e.g. 15; 0 = off
@@ -113,53 +128,67 @@ gpu_headroom_gb = 0.5 # GiB of the card the estimate leaves to other programs (a
 # adamw optimizer
 learning_rate = 6e-4 # max learning rate
 max_iters = 600000 # total number of training iterations
+#: AdamW's weight decay, on the 2-D parameters (matrices, embeddings); biases and LayerNorms get none
 weight_decay = 1e-1
+#: AdamW's first-moment decay
 beta1 = 0.9
+#: AdamW's second-moment decay
 beta2 = 0.95
 grad_clip = 1.0 # clip gradients at this value, or disable if == 0.0
-optim = 'adamw' # 'adamw' (fp32 moments), 'adamw_bf16', 'adamw_8bit' (torchao's 8-bit moments) or 'muon'
+optim = 'adamw' # the optimizer (docs/optimizers.md): AdamW with fp32, bf16 or torchao's 8-bit moments, or Muon
 muon_learning_rate = 0.02 # optim='muon': max lr of the blocks' matrices (Keller Jordan's Muon; nanochat's matrix_lr)
 muon_momentum = 0.95 # optim='muon': Muon's Nesterov momentum (Keller Jordan's, and torch.optim.Muon's default)
 muon_momentum_warmup_iters = 0 # optim='muon': momentum from 0.85 up to muon_momentum over these iters (nanochat: 300)
 embedding_learning_rate = 0.0 # optim='muon': max lr of the embeddings (AdamW; tied, the head too), 0 = learning_rate
 head_learning_rate = 0.0 # optim='muon', tie_weights=False: max lr of the untied lm_head (AdamW), 0 = learning_rate
 optimizer_in_backward = False # update each parameter in backward and free its gradient: needs accumulation 1, no clip
-weight_dtype = 'float32' # 'bfloat16': weights and gradients in bf16, no fp32 copy, updates rounded stochastically
+weight_dtype = 'float32' # the weights' and gradients' dtype; in bfloat16 there is no fp32 copy, and updates are
+                         # rounded stochastically (docs/optimizers.md)
 # learning rate decay settings
 decay_lr = True # whether to decay the learning rate
-lr_schedule = 'cosine' # 'cosine' (nanoGPT's), or 'wsd': warmup, stable at learning_rate, linear decay at the end
+lr_schedule = 'cosine' # the decay after warmup: nanoGPT's cosine, or wsd: stable at learning_rate, linear at the end
 cooldown_frac = 0.2 # lr_schedule='wsd': the last fraction of lr_decay_iters over which the lr decays to min_lr
 warmup_iters = 2000 # how many steps to warm up for
 lr_decay_iters = 600000 # should be ~= max_iters per Chinchilla
 min_lr = 6e-5 # minimum learning rate, should be ~= learning_rate/10 per Chinchilla
-# system
-device = default_device() # 'cuda' if there is a GPU, else 'cpu'; examples: 'cpu', 'cuda', 'cuda:0', 'cuda:1' or 'mps'
-# 'float32', 'bfloat16', or 'float16', the latter will auto implement a GradScaler
-dtype = default_dtype(device) # bfloat16 on GPUs that have it, float16 on older ones, float32 off CUDA
-compile = device == 'cuda' # use PyTorch 2.0 to compile the model to be faster (Triton kernels: CUDA only)
 # DDP settings
-backend = 'nccl' if device == 'cuda' else 'gloo' # 'nccl', 'gloo', etc.
-parallelism = 'ddp' # under torchrun: 'ddp' replicates the training state, 'zero1' shards AdamW's, 'fsdp' all of it
+backend = default_backend() # torch.distributed's, under torchrun: nccl where there is a GPU, else gloo
+parallelism = 'ddp' # under torchrun, what each process keeps (docs/parallel.md): ddp all of the training state, zero1
+                    # a shard of AdamW's state, fsdp a shard of all of it
 fsdp_mixed_precision = False # fsdp: gather weights in dtype (bf16/fp16), half the traffic and gathered memory
 timeout = 600 # seconds a process waits for the others in a collective before it stops with an error
-# --- end config defaults ---
-config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
-ddp = int(os.environ.get('RANK', -1)) != -1 # is this a ddp run?
-ddp_rank = int(os.environ['RANK']) if ddp else 0
-ddp_local_rank = int(os.environ['LOCAL_RANK']) if ddp else 0
-ddp_world_size = int(os.environ['WORLD_SIZE']) if ddp else 1
-master_process = ddp_rank == 0 # this process will do logging, checkpointing etc.
-# everything is checked before anything is created or written: bad input fails here, with one line
-config = configurator.load_config({k: globals()[k] for k in config_keys}, sys.argv[1:], help_source=__file__,
-                                  choices=rules.CHOICES)
-device_type = check_device(config['device'], config['dtype'])
-rules.check_config(config, ddp_world_size, device_type)
-check_writable_dir(config['out_dir'])
-rules.check_dataset(config)
-meta_vocab_size = rules.meta_vocab_size(config)
-globals().update(config) # will be useful for logging
+# system
+device = default_device() # 'cuda' if there is a GPU, else 'cpu'; examples: 'cpu', 'cuda', 'cuda:0', 'cuda:1' or 'mps'
+dtype = default_dtype(device) # autocast's: bfloat16 on GPUs that have it, float16 on older ones (with a GradScaler),
+                              # float32 off CUDA
+compile = default_compile(device) # use PyTorch 2.0 to compile the model to be faster (Triton kernels: CUDA only)
+# -----------------------------------------------------------------------------
+config_keys = [k for k,v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
+# overrides from command line or config file, on the keys above as configurator reads them (it runs none of them)
+globals().update(configurator.load_config(configurator.read_keys(__file__), sys.argv[1:], rules.CHOICES))
+config = {k: globals()[k] for k in config_keys} # will be useful for logging
 # -----------------------------------------------------------------------------
 
+# various inits, derived attributes, I/O setup
+ddp = int(os.environ.get('RANK', -1)) != -1 # is this a ddp run?
+if ddp:
+    ddp_rank = int(os.environ['RANK'])
+    ddp_local_rank = int(os.environ['LOCAL_RANK'])
+    ddp_world_size = int(os.environ['WORLD_SIZE'])
+    master_process = ddp_rank == 0 # this process will do logging, checkpointing etc.
+    seed_offset = ddp_rank # each process gets a different seed
+else:
+    # if not ddp, we are running on a single gpu, and one process
+    master_process = True
+    seed_offset = 0
+    ddp_world_size = 1
+    ddp_rank = 0 # the batches and the evaluation's shares are numbered by rank
+# everything is checked before anything is created or written: bad input fails here, with one line
+device_type = check_device(device, dtype)
+rules.check_config(config, ddp_world_size, device_type)
+check_writable_dir(out_dir)
+rules.check_dataset(config)
+meta_vocab_size = rules.meta_vocab_size(config)
 if meta_vocab_size is not None:
     print(f"found vocab_size = {meta_vocab_size} (inside {os.path.join(rules.dataset_path(config), 'meta.pkl')})")
 if wandb_log and master_process:
@@ -185,7 +214,7 @@ if wandb_log and master_process and device_type == 'cuda':
                                        gradient_accumulation_steps=gradient_accumulation_steps),
                                   torch.cuda.get_device_properties(device).total_memory)
 if ddp: # before the model: zero1's optimizer and fsdp's sharding need the process group
-    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
+    init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
     exit_with_launcher() # should torchrun itself be killed, its workers must not train on
     on_error(RuntimeError, lambda e: collective_failure(e, timeout)) # another process stopped answering: one line
 if auto_batch_size:
@@ -195,7 +224,6 @@ if auto_batch_size:
         batch_size, gradient_accumulation_steps = choice
     config.update(batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps)
     print(f'auto_batch_size: batch_size = {batch_size}, gradient_accumulation_steps = {gradient_accumulation_steps}')
-seed_offset = ddp_rank # each process gets a different seed
 # world_size number of processes will be training simultaneously, so we can scale
 # down the desired gradient accumulation iterations per process proportionally
 gradient_accumulation_steps //= ddp_world_size
@@ -203,17 +231,14 @@ tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * bl
 print(f"tokens per iteration will be: {tokens_per_iter:,}")
 
 torch.manual_seed(seed) # the same initial weights on every rank: fsdp keeps each rank's own shard of them
-if device_type == 'cuda': # allow tf32 on matmul and cudnn (torch 2.9 renamed allow_tf32 to fp32_precision)
-    if hasattr(torch.backends.cuda.matmul, 'fp32_precision'):
-        torch.backends.cuda.matmul.fp32_precision = 'tf32'
-        torch.backends.cudnn.conv.fp32_precision = 'tf32'
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+torch.backends.cuda.matmul.allow_tf32 = True # allow tf32 on matmul
+torch.backends.cudnn.allow_tf32 = True # allow tf32 on cudnn
+# note: float16 data type will automatically use a GradScaler
 ptdtype = TORCH_DTYPES[dtype]
 ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype,
                                                                   cache_enabled=autocast_cache)
 
+# poor man's data loader
 def get_batch(split, key, rows):
     """`rows` random windows of split.bin and their next-token targets; the offsets come from a generator seeded by
     `key` alone, so a batch never depends on the world size, the rank or a restart."""
@@ -511,4 +536,4 @@ if ddp:
     # finished collective's tensors needs the GIL of an interpreter being torn down, and the process aborts.
     model = raw_model = optimizer = None
     gc.collect()
-    dist.destroy_process_group()
+    destroy_process_group()

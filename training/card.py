@@ -39,12 +39,12 @@ def preset_paths(config_dir):
     return sorted(paths, key=lambda p: os.path.basename(p) != SPEEDRUN)
 
 
-def load_preset(path, defaults, tiny):
+def load_preset(path, tiny):
     """The train.py config of preset `path` (its own lines silent) and its model_args, built from scratch in the
     preset's shape (a pretrained model's, without its weights: the memory and time are the same) for synthetic
     tokens; `tiny`: at TINY's scale, in float32 on the CPU."""
     with contextlib.redirect_stdout(io.StringIO()):
-        config = configurator.load_config(defaults, [path])
+        config = configurator.load_config(configurator.train_keys(), [path])
     config.update(hellaswag=False, wandb_log=False)
     if tiny:
         config.update({k: v for k, v in TINY.items() if k in config}, init_from='scratch', dtype='float32',
@@ -201,7 +201,7 @@ def check_bf16_weights(config, model_args, device, device_type):
     return dict(bf16=losses['bfloat16'], fp32=losses['float32'], difference=difference)
 
 
-def run(defaults, device, device_type, names=(), config_dir='config', steps=3, seconds=420, progress=print):
+def run(device, device_type, names=(), config_dir='config', steps=3, seconds=420, progress=print):
     """Everything the card mode measures, as one JSON-able dict: the checks, then the presets (those of `names`, or
     all) in the order of preset_paths until `seconds` have passed (the rest are listed as skipped)."""
     tiny = device_type != 'cuda'
@@ -209,7 +209,7 @@ def run(defaults, device, device_type, names=(), config_dir='config', steps=3, s
     card_bytes = torch.cuda.get_device_properties(device).total_memory if not tiny else None
     result = dict(device=torch.cuda.get_device_name(device) if not tiny else f'{device} (presets scaled down)',
                   torch=torch.__version__, scaled_down=tiny, checks={}, presets=[])
-    speedrun, speedrun_args = load_preset(os.path.join(config_dir, SPEEDRUN), defaults, tiny)
+    speedrun, speedrun_args = load_preset(os.path.join(config_dir, SPEEDRUN), tiny)
     if not tiny: # what only a GPU shows: its kernels and its compiler
         checks = (('compiled against eager', check_compiled), ('varlen kernel against masked', check_varlen),
                   ('bf16 weights against fp32', check_bf16_weights))
@@ -226,7 +226,7 @@ def run(defaults, device, device_type, names=(), config_dir='config', steps=3, s
         if time.perf_counter() - start > seconds:
             row['skipped'] = f'over the {seconds} s budget'
             continue
-        config, model_args = load_preset(path, defaults, tiny)
+        config, model_args = load_preset(path, tiny)
         card_gb = float(PRESET_PATTERN.search(name).group(1))
         progress(f'{name}: estimate')
         estimate = em.estimate({**em.ESTIMATOR_DEFAULTS, **config, 'world_size': 1,

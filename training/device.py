@@ -1,5 +1,5 @@
-"""The machine: train.py's and sample.py's default device and dtype, the check that a device and dtype can run here,
-and the peak throughput of known GPUs, which MFU is measured against."""
+"""The machine: the defaults that suit it (the device, dtype, compile and backend that train.py's keys default to), the
+check that a device and dtype can run here, and the peak throughput of known GPUs, which MFU is measured against."""
 import torch
 
 from training.errors import ConfigError
@@ -23,6 +23,16 @@ def default_dtype(device):
     if not device.startswith('cuda'):
         return 'float32'
     return 'bfloat16' if cuda_has_bf16() else 'float16'
+
+
+def default_compile(device):
+    """torch.compile on CUDA: its Triton kernels pay back the compile time there."""
+    return device == 'cuda'
+
+
+def default_backend():
+    """torch.distributed's backend: nccl where there is a GPU, gloo on the CPU."""
+    return 'nccl' if torch.cuda.is_available() else 'gloo'
 
 
 # Dense tensor-core peak of bf16 matmuls with fp32 accumulation (fp16 on cards without bf16), in TFLOPS, by a

@@ -20,7 +20,8 @@ MODERN_DEFAULTS = {field.name: field.default for field in dataclasses.fields(GPT
 MODERN_CHOICES = {'pos_emb': ('learned', 'rope'), 'norm': ('layernorm', 'rmsnorm'), 'mlp': ('gelu', 'relu2')}
 AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval',
                 'log_interval', 'n_layer', 'n_head', 'n_embd')
-# the values train.py takes for these keys, for the checks and --help
+# the values train.py takes for these keys, for the checks and --help: each tuple written once, where its key acts,
+# or here for the model's options and the schedule
 CHOICES = {'init_from': ('scratch', *LOAD_CHOICES),
            'optim': optim.OPTIMS, 'weight_dtype': optim.WEIGHT_DTYPES, 'dtype': DTYPES,
            'parallelism': parallel.PARALLELISMS, 'lr_schedule': ('cosine', 'wsd'), **MODERN_CHOICES}
@@ -69,7 +70,8 @@ def check_config(config, world_size, device_type):
 def check_schedule(config):
     """ConfigError for a learning rate schedule (lr_schedule, training.schedule) that would not warm up or decay."""
     if config['lr_schedule'] not in CHOICES['lr_schedule']:
-        raise ConfigError(f"unknown lr_schedule {config['lr_schedule']!r}: use 'cosine' or 'wsd'")
+        raise ConfigError(f"unknown lr_schedule {config['lr_schedule']!r}: use one of "
+                          f"{', '.join(map(repr, CHOICES['lr_schedule']))}")
     if config['lr_schedule'] == 'wsd' and not 0.0 < config['cooldown_frac'] <= 1.0:
         raise ConfigError(f"cooldown_frac must be in (0, 1], got {config['cooldown_frac']}: the fraction of "
                           f"lr_decay_iters the lr decays over, e.g. --cooldown_frac=0.2")

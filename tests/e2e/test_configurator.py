@@ -1,5 +1,5 @@
-"""The scripts' --help, in subprocesses: train.py's lists the keys train_defaults() gives, nanoGPT's among them,
-each described; the tools' describe every key."""
+"""The scripts' --help, in subprocesses: train.py's lists the keys of its declaration (configurator.train_keys),
+nanoGPT's among them, each described; the tools' describe every key."""
 import subprocess
 import sys
 
@@ -32,8 +32,8 @@ def help_lines(script):
 
 
 def test_train_defaults_are_the_keys_train_py_runs_with():
-    """train_defaults() runs a block of train.py's text; `train.py --help` lists what train.py's configurator takes,
-    each with a description. A key defined outside the block, or a block that no longer runs on its own, fails here."""
+    """train_defaults() reads train.py's declaration without running it; `train.py --help` lists what train.py's
+    configurator takes, each with a description."""
     keys, _ = help_lines('train.py')
     defaults = configurator.train_defaults()
     assert {key: value for key, (value, _) in keys.items()} == {key: repr(value) for key, value in defaults.items()}
@@ -47,14 +47,21 @@ def test_train_defaults_are_the_keys_train_py_runs_with():
             ('cpu', 'float32', False, 'gloo')
 
 
-@pytest.mark.parametrize('script', ['sample.py', 'hellaswag.py', 'estimate_memory.py'])
+@pytest.mark.parametrize('script', ['sample.py', 'hellaswag.py', 'estimate_memory.py', 'bench.py', 'bench_optim.py'])
 def test_every_key_of_the_tools_help_has_a_description(script):
     keys, text = help_lines(script)
     assert [key for key, (_, description) in keys.items() if not description] == []
     assert keys['dtype'][1].endswith('one of: float32, bfloat16, float16')
+    if script == 'bench.py':  # its own keys first, a description of two lines whole, then train.py's, as train.py's
+        assert list(keys)[0] == 'mode' and keys['mode'][1].endswith('the presets on this card; one of: train, loss, sample, card')
+        train = configurator.train_keys()
+        assert {key: keys[key][1] for key in ('n_layer', 'seed')} == {key: train[key].description
+                                                                      for key in ('n_layer', 'seed')}
+        assert set(train) < set(keys)
     if script == 'estimate_memory.py':  # its own keys first, then train.py's
         import estimate_memory
-        own = list(estimate_memory.ESTIMATOR_DEFAULTS)
+        from training.memory.estimate import ESTIMATOR_DEFAULTS
+        own = list(ESTIMATOR_DEFAULTS)
         assert list(keys)[:len(own)] == own
         assert set(keys) == set(estimate_memory.estimator_defaults())
         assert 'exit status: 0 the config fits, 1 it does not (training or evaluation), 2 bad input' in text

@@ -13,7 +13,7 @@ CONFIG_FILES = sorted((ROOT / 'config').glob('*.py'))
 
 
 def load(path):
-    return configurator.load_config(configurator.train_defaults(), [str(path)])
+    return configurator.load_config(configurator.train_keys(), [str(path)])
 
 
 def test_config_directory_has_the_presets():

@@ -4,12 +4,18 @@ import json
 import pytest
 import torch
 
+import configurator
 import estimate_memory
 from training import rules
 from training.memory import estimate as em
 
 
 GIB = 2 ** 30
+
+
+def as_keys(config):
+    """`config` as the keys estimate_memory.py reads (estimator_keys), each with its value as the default."""
+    return {key: configurator.Key(value, 'a key') for key, value in config.items()}
 
 
 def test_find_batch_size_cli_returns_a_fitting_batch_whose_double_does_not_fit(tiny, capsys, monkeypatch, trace_once):
@@ -20,7 +26,7 @@ def test_find_batch_size_cli_returns_a_fitting_batch_whose_double_does_not_fit(t
         return em.total_bytes(em.trace(config, evaluate=False, warm_start=True)['train']['peak_bytes'])
 
     budget_gb = (estimated_total(tiny, 8, False) + 1) / GIB
-    monkeypatch.setattr(estimate_memory, 'estimator_defaults', lambda: tiny)
+    monkeypatch.setattr(estimate_memory, 'estimator_keys', lambda: as_keys(tiny))
     # the card's memory less the headroom is the budget
     argv = ['--find_batch_size', '--json', f'--gpu_memory_gb={budget_gb + 0.25}', '--gpu_headroom_gb=0.25']
     with pytest.raises(SystemExit):
@@ -76,7 +82,7 @@ def passes_train_py_checks(config, command):
 
 
 def test_a_config_that_fits_needs_no_ladder(tiny, capsys, monkeypatch):
-    monkeypatch.setattr(estimate_memory, 'estimator_defaults', lambda: tiny)
+    monkeypatch.setattr(estimate_memory, 'estimator_keys', lambda: as_keys(tiny))
     with pytest.raises(SystemExit) as exit_info:
         estimate_memory.main(['--ladder', '--gpu_memory_gb=12'])
     assert exit_info.value.code == estimate_memory.FITS
@@ -101,7 +107,7 @@ def test_exit_status_progress_and_json(tiny, capsys, monkeypatch):
     """0 when the config fits, 1 when it does not (so `estimate_memory.py ... && train.py ...` gates a launch), 2 for
     bad input; progress on stderr, so --json's stdout stays one JSON object."""
     tiny = {**tiny, 'n_layer': 1, 'gradient_accumulation_steps': 1}  # the smallest trace: its figures do not matter
-    monkeypatch.setattr(estimate_memory, 'estimator_defaults', lambda: tiny)
+    monkeypatch.setattr(estimate_memory, 'estimator_keys', lambda: as_keys(tiny))
     for argv, status in ((['--gpu_memory_gb=12'], estimate_memory.FITS),
                          (['--gpu_memory_gb=1.1', '--batch_size=4096'], estimate_memory.DOES_NOT_FIT),
                          (['--gpu_memory_gb=1.1', '--eval_batch_size=8192'], estimate_memory.DOES_NOT_FIT),

@@ -132,7 +132,7 @@ def test_model_args_of_a_gpt2_architecture_are_nanogpts_and_modern_keys_are_reco
     ({'attn_window': 8, 'attn_window_warmup_iters': 100, 'attn_window_warmup_start': 0}, 'must be from 1 to'),
     ({'embedding_learning_rate': 0.3}, "embedding_learning_rate=0.3 sets a parameter group of optim='muon'"),
     ({'optim': 'muon', 'muon_momentum_warmup_iters': -1}, 'muon_momentum_warmup_iters must be 0 or more'),
-    ({'lr_schedule': 'linear'}, "unknown lr_schedule 'linear': use 'cosine' or 'wsd'"),
+    ({'lr_schedule': 'linear'}, "unknown lr_schedule 'linear': use one of 'cosine', 'wsd'"),
     ({'lr_schedule': 'wsd', 'cooldown_frac': 0.0}, 'cooldown_frac must be in (0, 1]'),
 ])
 def test_modern_keys_out_of_range_are_one_line(config, overrides, message):
