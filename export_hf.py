@@ -2,16 +2,18 @@
 Export a checkpoint to a Hugging Face transformers folder (docs/export.md):
 $ python export_hf.py --out_dir=out-shakespeare-char --hf_dir=hf-shakespeare-char
 
-The folder loads with transformers.AutoModelForCausalLM.from_pretrained(hf_dir) (a GPT2LMHeadModel, fp32 weights in
-model.safetensors) and AutoTokenizer.from_pretrained(hf_dir): GPT-2's BPE, or the dataset's characters (meta.pkl),
-so lm-evaluation-harness and other transformers tools run it. The way back: train.py --init_from=hf_dir.
+The folder loads with transformers.AutoModelForCausalLM.from_pretrained(hf_dir) (fp32 weights in model.safetensors)
+and AutoTokenizer.from_pretrained(hf_dir): GPT-2's BPE, or the dataset's characters (meta.pkl), so
+lm-evaluation-harness and other transformers tools run it. GPT-2's architecture becomes a GPT2LMHeadModel; any other
+(the modern options) a folder with its own modeling code, this repository's model.py among it, which loads with
+trust_remote_code=True. The way back: train.py --init_from=hf_dir.
 """
 import sys
 
 import configurator
 from training.checkpoint import checkpoint_path, load_checkpoint
 from training.errors import fail, install_handler
-from training.hf import check_exportable, export, tokenizer_for
+from training.hf import check_exportable, export, has_own_code, tokenizer_for
 from training.meta import trained_meta_path
 from training.paths import check_writable_dir
 
@@ -40,5 +42,8 @@ export(checkpoint, tokenizer, hf_dir)
 
 if tokenizer[0] == 'chars':
     print(f"the tokenizer maps each character to its id as {meta_path} does: GPT-2's BPE cannot express it")
+# a folder with its own modeling code runs it only when trusted (AutoTokenizer reads config.json too)
+options = ', trust_remote_code=True' if has_own_code(checkpoint['model_args']) else ''
 print(f"exported {checkpoint_path(config['out_dir'])} to {hf_dir}: load it with "
-      f"transformers.AutoModelForCausalLM.from_pretrained({hf_dir!r}) and AutoTokenizer.from_pretrained({hf_dir!r})")
+      f"transformers.AutoModelForCausalLM.from_pretrained({hf_dir!r}{options}) and "
+      f"AutoTokenizer.from_pretrained({hf_dir!r}{options})")

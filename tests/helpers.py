@@ -325,9 +325,10 @@ HF_ARGS = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, bias=True, vocab_s
 
 
 def trained_like_gpt(seed, tied=True, **args):
-    """A GPT whose weights are random but not init-shaped (biases and LayerNorms nonzero), as after training."""
+    """A GPT whose weights are random but not init-shaped (biases and LayerNorms nonzero), as after training; args:
+    GPTConfig's, over HF_ARGS' (tie_weights over tied)."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(**{**HF_ARGS, **args}, tie_weights=tied))
+    model = GPT(GPTConfig(**{**HF_ARGS, 'tie_weights': tied, **args}))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)

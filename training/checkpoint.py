@@ -17,7 +17,7 @@ from training.parallel import load_optimizer_state
 
 CKPT_NAME = 'ckpt.pt'
 # the init_from values sample.py and hellaswag.py load (train.py's add 'scratch'), as --help lists them
-LOAD_CHOICES = ('resume', *GPT.PRETRAINED_ARGS, 'PATH (a Hugging Face GPT-2 folder)')
+LOAD_CHOICES = ('resume', *GPT.PRETRAINED_ARGS, 'PATH (a Hugging Face GPT-2 folder or an export_hf.py export)')
 # a save writes .ckpt.pt.<pid>.tmp first: the pid tells a later save whether the writer of a leftover still runs
 TMP_PREFIX, TMP_SUFFIX = f'.{CKPT_NAME}.', '.tmp'
 # the prefixes wrappers give parameter names: torch.compile's (nanoGPT saves a compiled model's names so) and DDP's

@@ -1,9 +1,15 @@
-"""Hugging Face transformers' GPT2LMHeadModel and this GPT, both ways: a checkpoint exported as a folder that
-from_pretrained loads (weights in safetensors, with its tokenizer), and a local GPT-2-architecture folder as
-init_from. The parameters have the same names on both sides; model.HF_TRANSPOSED names those stored transposed.
-transformers is imported only where a folder is read or written: train.py from scratch never loads it."""
+"""Hugging Face transformers folders and this GPT, both ways: a checkpoint exported as a folder that from_pretrained
+loads (weights in safetensors, with its tokenizer), and such a folder, or any GPT-2-architecture one, as init_from.
+GPT-2's architecture exports as a GPT2LMHeadModel: the parameters have the same names on both sides, and
+model.HF_TRANSPOSED names those stored transposed. Any other (the modern options) exports with its own modeling code:
+model.py itself, with the project modules it imports, and the wrappers in training/hf_code/, which transformers runs
+with trust_remote_code=True. transformers is imported only where a folder is read or written: train.py from scratch
+never loads it."""
+import ast
 import json
 import os
+import re
+import shutil
 from dataclasses import fields
 
 import torch
@@ -29,9 +35,17 @@ GPT2_BPE_FILES = {
 ENDOFTEXT_ID = 50256
 HF_WEIGHT_FILES = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin',
                    'pytorch_model.bin.index.json')
+# an export with its own modeling code: model.py from the repository's root, the wrappers from hf_code/, and the
+# Auto classes that config.json's auto_map points at them; the wrapper holds the GPT as `gpt`
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HF_CODE_DIR = os.path.join(ROOT, 'training', 'hf_code')
+MODEL_TYPE = 'nanogpt'
+AUTO_MAP = {'AutoConfig': 'configuration_nanogpt.NanoGPTConfig',
+            'AutoModelForCausalLM': 'modeling_nanogpt.NanoGPTForCausalLM'}
+WEIGHTS_PREFIX = 'gpt.'
 
 
-# --- export: a checkpoint as a GPT2LMHeadModel folder ---
+# --- export: a checkpoint as a GPT2LMHeadModel folder, or a folder with its own modeling code ---
 
 def inexpressible_keys(model_args):
     """The model_args keys GPT2LMHeadModel has no counterpart for: a key GPT2Config lacks, set to anything but
@@ -41,6 +55,12 @@ def inexpressible_keys(model_args):
             if k not in EXPRESSIBLE_KEYS and (k not in defaults or v != defaults[k])]
 
 
+def has_own_code(model_args):
+    """Whether the export of a model of these model_args has its own modeling code: an architecture GPT2LMHeadModel
+    does not have."""
+    return bool(inexpressible_keys(model_args))
+
+
 def is_tied(state_dict):
     """Whether the output head is the token embedding (GPT's weight tying); a checkpoint of an untied head holds a
     separate lm_head.weight."""
@@ -48,16 +68,20 @@ def is_tied(state_dict):
                                                              state_dict['transformer.wte.weight'])
 
 
+def special_tokens(gpt2_tokens):
+    """config.json's bos and eos: GPT-2's <|endoftext|>; a character vocabulary has none."""
+    special = ENDOFTEXT_ID if gpt2_tokens else None
+    return dict(bos_token_id=special, eos_token_id=special)
+
+
 def hf_config(model_args, tied, gpt2_tokens):
     """The GPT2Config computing what GPT(GPTConfig(**model_args)) computes."""
     from transformers import GPT2Config
-    special = ENDOFTEXT_ID if gpt2_tokens else None  # a character vocabulary has no <|endoftext|>
     dropout = model_args.get('dropout', 0.0)
     return GPT2Config(vocab_size=model_args['vocab_size'], n_positions=model_args['block_size'],
                       n_embd=model_args['n_embd'], n_layer=model_args['n_layer'], n_head=model_args['n_head'],
                       activation_function='gelu', layer_norm_epsilon=LAYER_NORM_EPS, resid_pdrop=dropout,
-                      embd_pdrop=dropout, attn_pdrop=dropout, tie_word_embeddings=tied, bos_token_id=special,
-                      eos_token_id=special)
+                      embd_pdrop=dropout, attn_pdrop=dropout, tie_word_embeddings=tied, **special_tokens(gpt2_tokens))
 
 
 def hf_model(state_dict, model_args, gpt2_tokens):
@@ -90,22 +114,84 @@ def hf_model(state_dict, model_args, gpt2_tokens):
     return model.eval()
 
 
+def gpt_weights(state_dict, model_args):
+    """The GPT state dict in fp32 (which holds bf16 weights exactly), checked to be the weights of
+    GPT(GPTConfig(**model_args)); ConfigError with one line if not."""
+    weights = {name: weight.float() for name, weight in state_dict.items()}
+    with torch.device('meta'):  # shapes only
+        model = GPT(GPTConfig(**model_args))
+    try:
+        model.load_state_dict(weights, strict=True, assign=True)
+    except RuntimeError as e:
+        problem = first_line(' '.join(str(e).split()), limit=240)
+        raise ConfigError(f'the checkpoint does not fit a GPT of its model_args ({problem})') from None
+    return weights
+
+
+def model_sources(root, module='model'):
+    """{file name: source} of root/module.py and of every module of root it imports, and those import, each import of
+    one of them made relative (`from chunked_loss import` becomes `from .chunked_loss import`): transformers runs a
+    folder's code as a package, and copies the files that its modules import relatively."""
+    sources, pending = {}, [module]
+    while pending:
+        name = pending.pop()
+        with open(os.path.join(root, f'{name}.py'), encoding='utf-8') as f:
+            lines = f.read().splitlines(keepends=True)
+        for node in ast.walk(ast.parse(''.join(lines))):
+            if (isinstance(node, ast.ImportFrom) and node.level == 0
+                    and os.path.isfile(os.path.join(root, f'{node.module}.py'))):
+                line = node.lineno - 1
+                lines[line] = re.sub(rf'\bfrom\s+{node.module}\b', f'from .{node.module}', lines[line], count=1)
+                if f'{node.module}.py' not in sources:
+                    pending.append(node.module)
+        sources[f'{name}.py'] = ''.join(lines)
+    return sources
+
+
+def remote_code_model(weights, model_args, gpt2_tokens, hf_dir):
+    """Write the modeling code (model_sources' and hf_code/'s files) to hf_dir, and return its NanoGPTForCausalLM
+    (fp32) holding `weights` (gpt_weights'), loaded as from_pretrained loads that code."""
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+    for name, source in model_sources(ROOT).items():
+        with open(os.path.join(hf_dir, name), 'w', encoding='utf-8') as f:
+            f.write(source)
+    for name in sorted(os.listdir(HF_CODE_DIR)):
+        if name.endswith('.py'):
+            shutil.copyfile(os.path.join(HF_CODE_DIR, name), os.path.join(hf_dir, name))
+    config_class, model_class = (get_class_from_dynamic_module(reference, hf_dir) for reference in AUTO_MAP.values())
+    config = config_class(**model_args, auto_map=AUTO_MAP, **special_tokens(gpt2_tokens))
+    with torch.device('meta'):  # shapes only: the weights are assigned below, never initialized
+        model = model_class(config)
+    model.gpt.load_state_dict(weights, strict=True, assign=True)
+    model.tie_weights()  # assign=True gave lm_head and wte a tensor each
+    return model.eval()
+
+
 def export(checkpoint, tokenizer, hf_dir):
-    """Write `checkpoint` (load_checkpoint's dict) to hf_dir as a GPT2LMHeadModel folder: config.json,
-    model.safetensors, generation_config.json, and the tokenizer that write_tokenizer writes for `tokenizer`."""
-    model = hf_model(checkpoint['model'], checkpoint['model_args'], tokenizer[0] == 'gpt2')
-    os.makedirs(hf_dir, exist_ok=True)
+    """Write `checkpoint` (load_checkpoint's dict) to hf_dir: config.json, model.safetensors,
+    generation_config.json, the tokenizer that write_tokenizer writes for `tokenizer`, and with an architecture
+    GPT2LMHeadModel does not have, the modeling code; returns the transformers model. Everything is checked before
+    anything is written."""
+    state_dict, model_args, gpt2_tokens = checkpoint['model'], checkpoint['model_args'], tokenizer[0] == 'gpt2'
+    if has_own_code(model_args):
+        weights = gpt_weights(state_dict, model_args)
+        os.makedirs(hf_dir, exist_ok=True)
+        model = remote_code_model(weights, model_args, gpt2_tokens, hf_dir)
+    else:
+        model = hf_model(state_dict, model_args, gpt2_tokens)
+        os.makedirs(hf_dir, exist_ok=True)
     model.save_pretrained(hf_dir)  # safetensors; a tied lm_head is stored once, as transformers does
-    write_tokenizer(tokenizer, checkpoint['model_args']['block_size'], hf_dir)
+    write_tokenizer(tokenizer, model_args['block_size'], hf_dir)
     return model
 
 
 def check_exportable(checkpoint, path):
-    """ConfigError with one line if `checkpoint` (from `path`) cannot be expressed as a GPT2LMHeadModel."""
-    keys = inexpressible_keys(checkpoint['model_args'])
-    if keys:
-        settings = ', '.join(f'{k}={checkpoint["model_args"][k]!r}' for k in keys)
-        raise ConfigError(f'{path} cannot be exported as a GPT2LMHeadModel: it has no counterpart for {settings}')
+    """ConfigError with one line if `checkpoint` (from `path`) has model_args that GPTConfig does not know."""
+    known = {f.name for f in fields(GPTConfig)}
+    unknown = [f'{k}={v!r}' for k, v in checkpoint['model_args'].items() if k not in known]
+    if unknown:
+        raise ConfigError(f"{path} has model_args that this model.py does not have: {', '.join(unknown)}; export it "
+                          f"with the code that trained it")
 
 
 def tokenizer_for(model_args, meta_path):
@@ -154,7 +240,7 @@ def write_tokenizer(tokenizer, block_size, hf_dir):
     hf_tokenizer.save_pretrained(hf_dir)
 
 
-# --- init_from: a local GPT2LMHeadModel folder as a GPT ---
+# --- init_from: a local GPT2LMHeadModel folder, or an export with its own modeling code, as a GPT ---
 
 def is_folder(init_from):
     """Whether init_from names a local Hugging Face folder rather than scratch, resume or an OpenAI GPT-2 name."""
@@ -163,25 +249,40 @@ def is_folder(init_from):
 
 def pretrained_config(init_from, dropout=0.0):
     """The GPTConfig of init_from's pretrained weights: OpenAI's GPT-2 sizes, or a local folder's config.json,
-    without loading the weights. ConfigError with one line for a folder that is not a GPT-2 this GPT can run."""
+    without loading the weights. ConfigError with one line for a folder that this GPT cannot run."""
     if init_from in GPT.PRETRAINED_ARGS:
         return GPT.pretrained_config(init_from, dict(dropout=dropout))
-    config_path = os.path.join(init_from, 'config.json')
+    return folder_config(init_from, dropout)[1]
+
+
+def folder_config(path, dropout):
+    """(model_type, GPTConfig) of the folder `path`: a GPT-2 ('gpt2'), or an export with its own modeling code
+    ('nanogpt', whose config.json holds GPTConfig's fields); ConfigError with one line for any other."""
+    config_path = os.path.join(path, 'config.json')
     if not os.path.isfile(config_path):
-        raise ConfigError(f"unknown init_from {init_from!r}: neither one of {', '.join(GPT.PRETRAINED_ARGS)} nor a "
-                          f"folder holding a Hugging Face GPT-2 model (config.json and model.safetensors)")
+        raise ConfigError(f"unknown init_from {path!r}: neither one of {', '.join(GPT.PRETRAINED_ARGS)} nor a "
+                          f"folder holding a Hugging Face GPT-2 model or an export_hf.py export (config.json and "
+                          f"model.safetensors)")
     try:
         with open(config_path, encoding='utf-8') as f:
-            model_type = json.load(f).get('model_type')
+            saved = json.load(f)
+        model_type = saved.get('model_type')
         from transformers import GPT2Config
         # config.json leaves out the values that are GPT2Config's defaults
-        hf = GPT2Config.from_pretrained(init_from) if model_type == 'gpt2' else None
+        hf = GPT2Config.from_pretrained(path) if model_type == 'gpt2' else None
     except (OSError, ValueError, AttributeError) as e:  # not JSON, not an object, or values GPT2Config refuses
         raise ConfigError(f'cannot read {config_path} ({first_line(e)}): save the model again with '
                           f'save_pretrained') from None
+    if model_type == MODEL_TYPE:
+        if not os.path.isfile(os.path.join(path, 'model.safetensors')):
+            raise ConfigError(f"{path} has a config.json but no weights (model.safetensors): export the model again")
+        # a field that config.json lacks is an option newer than the export: off
+        return model_type, GPTConfig(**{**{f.name: saved[f.name] for f in fields(GPTConfig) if f.name in saved},
+                                        'dropout': dropout})
     if model_type != 'gpt2':
         raise ConfigError(f"{config_path} has model_type {model_type!r}: init_from takes GPT-2-architecture "
-                          f"models only (model_type 'gpt2', e.g. a GPT-2 finetune or distilgpt2)")
+                          f"models (model_type 'gpt2', e.g. a GPT-2 finetune or distilgpt2) and export_hf.py's "
+                          f"exports ({MODEL_TYPE!r})")
     differences = {
         'activation_function': hf.activation_function not in ACTIVATIONS,
         'n_inner': hf.n_inner not in (None, 4 * hf.n_embd),
@@ -196,21 +297,37 @@ def pretrained_config(init_from, dropout=0.0):
     if unsupported:
         raise ConfigError(f"{config_path} sets {', '.join(unsupported)}, which this GPT does not run: init_from "
                           f"takes GPT-2's architecture as OpenAI's checkpoints have it")
-    if not any(os.path.isfile(os.path.join(init_from, name)) for name in HF_WEIGHT_FILES):
-        raise ConfigError(f"{init_from} has a config.json but no weights ({' or '.join(HF_WEIGHT_FILES[::2])}): "
+    if not any(os.path.isfile(os.path.join(path, name)) for name in HF_WEIGHT_FILES):
+        raise ConfigError(f"{path} has a config.json but no weights ({' or '.join(HF_WEIGHT_FILES[::2])}): "
                           f"save the model with save_pretrained")
-    return GPTConfig(n_layer=hf.n_layer, n_head=hf.n_head, n_embd=hf.n_embd, block_size=hf.n_positions,
-                     vocab_size=hf.vocab_size, bias=True, dropout=dropout)
+    return model_type, GPTConfig(n_layer=hf.n_layer, n_head=hf.n_head, n_embd=hf.n_embd, block_size=hf.n_positions,
+                                 vocab_size=hf.vocab_size, bias=True, dropout=dropout)
 
 
 def folder_model(path, dropout=0.0, **options):
-    """The GPT with the weights of the GPT2LMHeadModel saved in folder `path`; options: GPT's keywords."""
-    config = pretrained_config(path, dropout)
-    from transformers import GPT2LMHeadModel
+    """The GPT with the weights saved in folder `path` (folder_config's kinds); options: GPT's keywords."""
+    model_type, config = folder_config(path, dropout)
     try:
-        model_hf = GPT2LMHeadModel.from_pretrained(path, dtype=torch.float32)
+        if model_type == MODEL_TYPE:
+            from safetensors.torch import load_file
+            saved = load_file(os.path.join(path, 'model.safetensors'))
+        else:
+            from transformers import GPT2LMHeadModel
+            model_hf = GPT2LMHeadModel.from_pretrained(path, dtype=torch.float32)
     except Exception as e:  # damaged or partial weight files: the fix is to save them again
         raise ConfigError(f'could not load the weights in {path} ({first_line(e)}): save the model again with '
                           f'save_pretrained') from None
     print(f"loading weights from the Hugging Face folder {path}")
-    return GPT.from_hf_model(model_hf, config, **options)
+    if model_type != MODEL_TYPE:
+        return GPT.from_hf_model(model_hf, config, **options)
+    # the GPT's own weights, under the wrapper's name for it; a tied head is stored once, as the embedding
+    weights = {name.removeprefix(WEIGHTS_PREFIX): weight for name, weight in saved.items()}
+    if config.tie_weights and 'transformer.wte.weight' in weights:
+        weights['lm_head.weight'] = weights['transformer.wte.weight']
+    model = GPT(config, **options)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as e:
+        raise ConfigError(f"the weights in {path} do not fit its config.json "
+                          f"({first_line(' '.join(str(e).split()), limit=240)}): export the model again") from None
+    return model

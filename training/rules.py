@@ -186,7 +186,7 @@ def meta_vocab_size(config):
 def model_args(config, meta_vocab, resumed_model_args=None):
     """(model_args, crop): the GPTConfig arguments train.py builds for config['init_from'] (scratch: the config's
     shape with meta_vocab or the padded GPT-2 vocabulary; resume: the checkpoint's shape; gpt2* or a Hugging Face
-    folder: its config's), and the
+    folder: its config's shape and options), and the
     block_size to crop a pretrained model to, or None. ConfigError where block_size or the dataset's vocabulary do
     not fit the model, or HellaSwag cannot be scored with it."""
     init_from, block_size = config['init_from'], config['block_size']
@@ -203,6 +203,9 @@ def model_args(config, meta_vocab, resumed_model_args=None):
     else:
         pretrained = hf.pretrained_config(init_from)
         args.update({k: getattr(pretrained, k) for k in ARCHITECTURE_KEYS})
+        # an export's modern options (GPT-2's architecture has none)
+        args.update({k: getattr(pretrained, k) for k, default in MODERN_DEFAULTS.items()
+                     if getattr(pretrained, k) != default})
         if block_size < pretrained.block_size:
             args['block_size'] = crop = block_size  # the checkpoint records the cropped size
     if block_size > args['block_size']:

@@ -1,8 +1,16 @@
 """export_hf.py in a subprocess: a character model's tokenizer is its dataset's, one without its meta.pkl is
-refused before writing, and train.py finetunes from the export."""
+refused before writing, train.py finetunes from the export, and a speedrun-architecture model goes to transformers
+with its own modeling code, through lm-evaluation-harness, and back."""
+import importlib.util
+import json
+import math
 
-from helpers import TINY_ARGS, assert_same_model, run_script, trained_like_gpt, write_char_dataset, write_checkpoint
-from training.checkpoint import load_model
+import pytest
+import torch
+
+from helpers import (MODERN_ARCH_ARGS, TEXT, TINY_ARGS, assert_same_model, run_python, run_script, trained_like_gpt,
+                     write_char_dataset, write_checkpoint)
+from training.checkpoint import load_checkpoint, load_model
 from training.meta import load_meta
 
 
@@ -43,3 +51,83 @@ def test_train_exports_and_finetunes_from_the_export(tmp_path):
                         f'--init_from={tmp_path / "out" / "hf"}')
     assert result.returncode == 0, result.stderr
     assert f'Initializing from GPT-2 weights: {tmp_path / "out" / "hf"}' in result.stdout
+
+
+@pytest.fixture(scope='module')
+def speedrun_export(tmp_path_factory):
+    """(directory, out_dir, hf_dir, export_hf.py's stdout): a model of the speedrun preset's architecture (every
+    modern option: MODERN_ARCH_ARGS), scaled down, trained by train.py and exported by export_hf.py."""
+    tmp = tmp_path_factory.mktemp('speedrun')
+    write_char_dataset(tmp / 'data')
+    trained = run_script('train.py', *TINY_ARGS, *MODERN_ARCH_ARGS, f'--data_dir={tmp / "data"}',
+                         f'--out_dir={tmp / "out"}', '--max_iters=4', '--eval_interval=4')
+    assert trained.returncode == 0, trained.stderr
+    exported = run_script('export_hf.py', f'--out_dir={tmp / "out"}', f'--hf_dir={tmp / "hf"}')
+    assert exported.returncode == 0, exported.stderr
+    return tmp, tmp / 'out', tmp / 'hf', exported.stdout
+
+
+def test_a_speedrun_architecture_model_leaves_and_comes_back(speedrun_export):
+    tmp, out_dir, hf_dir, stdout = speedrun_export
+    assert f"from_pretrained('{hf_dir}', trust_remote_code=True)" in stdout
+    ours, _ = load_model('resume', str(out_dir), 'cpu')
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # here, not at collection: seconds to import
+    theirs = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=True)
+    assert_same_model(ours, theirs)  # logits at every position, greedy tokens
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=True)
+    stoi = load_meta(str(tmp / 'data' / 'tiny_char' / 'meta.pkl'))['stoi']
+    assert tokenizer.encode(TEXT[:50]) == [stoi[c] for c in TEXT[:50]]
+    # the way back: train.py finetunes the export, with its architecture
+    result = run_script('train.py', *TINY_ARGS, f'--data_dir={tmp / "data"}', f'--out_dir={tmp / "again"}',
+                        '--max_iters=2', '--eval_interval=2', f'--init_from={hf_dir}')
+    assert result.returncode == 0, result.stderr
+    assert f'loading weights from the Hugging Face folder {hf_dir}' in result.stdout
+    finetuned = load_checkpoint(str(tmp / 'again'), 'cpu')['model_args']
+    assert finetuned == load_checkpoint(str(out_dir), 'cpu')['model_args'] and finetuned['pos_emb'] == 'rope'
+
+
+TASK = """task: tiny_shakespeare_lines
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood
+doc_to_text: "{{{{context}}}}"
+doc_to_target: "{{{{continuation}}}}"
+target_delimiter: ""
+metric_list:
+  - metric: perplexity
+    aggregation: perplexity
+    higher_is_better: false
+"""
+# the harness moves a context's trailing spaces to the continuation: here none has any
+LINES = [dict(context='First', continuation=' Citizen:'), dict(context='All:', continuation='\nSpeak,')]
+
+
+@pytest.mark.skipif(importlib.util.find_spec('lm_eval') is None, reason='lm-evaluation-harness is not installed '
+                                                                         '(pip install -r requirements-dev.txt)')
+def test_lm_eval_scores_an_export(speedrun_export, tmp_path):
+    """lm_eval's command on a local task, offline: its perplexity is the one of our GPT's log-likelihoods."""
+    _, out_dir, hf_dir, _ = speedrun_export
+    (tmp_path / 'lines.jsonl').write_text(''.join(json.dumps(line) + '\n' for line in LINES))
+    (tmp_path / 'tasks').mkdir()
+    (tmp_path / 'tasks' / 'tiny.yaml').write_text(TASK.format(data=tmp_path / 'lines.jsonl'))
+    # a character vocabulary has no <|endoftext|> for the harness to put before an empty context: any token does
+    result = run_python('-m', 'lm_eval', '--model', 'hf', '--model_args',
+                        f'pretrained={hf_dir},trust_remote_code=True,prefix_token_id=0', '--tasks',
+                        'tiny_shakespeare_lines', '--include_path', tmp_path / 'tasks', '--device', 'cpu',
+                        '--batch_size', '1', '--output_path', tmp_path / 'results', cwd=tmp_path,
+                        env={'HF_HOME': str(tmp_path / 'hf_home'), 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1'})
+    assert result.returncode == 0, result.stderr
+    results, = (tmp_path / 'results').rglob('results_*.json')
+    perplexity = json.loads(results.read_text())['results']['tiny_shakespeare_lines']['perplexity,none']
+    ours, _ = load_model('resume', str(out_dir), 'cpu')
+    stoi = load_meta(str(speedrun_export[0] / 'data' / 'tiny_char' / 'meta.pkl'))['stoi']
+    likelihoods = []
+    with torch.no_grad():
+        for line in LINES:
+            ids = torch.tensor([[stoi[c] for c in line['context'] + line['continuation']]])
+            _, losses = ours(ids[:, :-1], targets=ids[:, 1:], reduction='none')
+            likelihoods.append(-losses[0, -len(line['continuation']):].sum().item())
+    assert math.log(perplexity) == pytest.approx(-sum(likelihoods) / len(likelihoods), abs=1e-4)

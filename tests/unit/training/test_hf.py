@@ -1,6 +1,7 @@
 """training/hf.py: a checkpoint exported to a transformers folder computes the same logits and greedy tokens as the
-GPT it came from (tied or not, with or without biases, bf16 weights, wrapped names), the gpt2 tokenizer is
-tiktoken's, and a local GPT-2 folder is an init_from as the gpt2* names are."""
+GPT it came from (tied or not, with or without biases, bf16 weights, wrapped names), a GPT2LMHeadModel for GPT-2's
+architecture and its own modeling code (model.py) for any other, the gpt2 tokenizer is tiktoken's, and a local GPT-2
+folder or an export is an init_from as the gpt2* names are."""
 import json
 
 import pytest
@@ -9,14 +10,14 @@ import torch
 
 import configurator
 from helpers import HF_ARGS as ARGS
-from helpers import assert_same_model, gpt2_cached, trained_like_gpt, write_char_dataset, write_checkpoint
+from helpers import (MODERN_ARCH_ARGS, ROOT, TEXT, assert_same_model, gpt2_cached, trained_like_gpt,
+                     write_char_dataset, write_checkpoint)
+from model import GPTConfig
 from training import hf, rules
 from training.checkpoint import load_checkpoint, load_model, pretrained_model
 from training.errors import ConfigError
-
-
-
-
+from training.meta import load_meta
+from training.step import build_model
 
 
 def export(out_dir, hf_dir, meta_path):
@@ -59,24 +60,115 @@ def test_gpt2_tokenizer_is_tiktokens(tmp_path):
     assert tokenizer.model_max_length == 16 and tokenizer.eos_token_id == 50256
 
 
-def test_architecture_keys_gpt2_lacks_are_one_line(tmp_path, monkeypatch):
-    model = trained_like_gpt(0)
-    checkpoint = {'model': model.state_dict(), 'model_args': {**ARGS, 'rotary': True, 'qk_norm': True}}
+def modern(**overrides):
+    """GPTConfig's arguments of MODERN_ARCH_ARGS (every modern option on: the speedrun preset's architecture), as
+    train.py builds them, beyond ARGS' shape; overrides: keys to change."""
+    config = configurator.load_config(configurator.train_defaults(), MODERN_ARCH_ARGS)
+    args = rules.model_args(config, ARGS['vocab_size'])[0]
+    return {**{k: v for k, v in args.items() if k not in ARGS}, **overrides}
+
+
+def load_export(hf_dir):
+    """AutoModelForCausalLM's model of an export with its own modeling code. transformers imported here, not at
+    collection: seconds to import."""
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=True)
+
+
+@pytest.mark.parametrize('options, dtype, prefix', [
+    (modern(), torch.bfloat16, 'module.'),  # untied, DDP's names, bf16 weights
+    (modern(tie_weights=True, bias=False), torch.float32, '_orig_mod.'),
+    ({'pos_emb': 'rope'}, torch.float32, ''),  # one option GPT-2 lacks is enough
+], ids=['modern', 'modern-tied', 'rope'])
+def test_any_other_architecture_exports_with_its_own_modeling_code(tmp_path, options, dtype, prefix):
+    data = write_char_dataset(tmp_path / 'data')
+    model = trained_like_gpt(0, **options)
+    write_checkpoint(tmp_path / 'out', model, prefix, dtype)
+    export(tmp_path / 'out', tmp_path / 'hf', str(data / 'meta.pkl'))
+    model.load_state_dict({k: v.to(dtype).float() for k, v in model.state_dict().items()})  # what was saved
+    theirs = load_export(tmp_path / 'hf')
+    assert type(theirs).__name__ == 'NanoGPTForCausalLM'
+    assert theirs.config.tie_word_embeddings == model.config.tie_weights
+    assert_same_model(model, theirs)
+    saved = json.loads((tmp_path / 'hf' / 'config.json').read_text())
+    assert saved['auto_map'] == hf.AUTO_MAP and saved['model_type'] == 'nanogpt' and saved['pos_emb'] == 'rope'
+    # the folder's code is the repository's model.py and needs no module of the repository
+    assert (tmp_path / 'hf' / 'model.py').read_text() == (ROOT / 'model.py').read_text()
+    from transformers.dynamic_module_utils import get_imports
+    for path in (tmp_path / 'hf').glob('*.py'):
+        assert not [name for name in get_imports(path) if (ROOT / f'{name}.py').exists()], path
+    back = pretrained_model(str(tmp_path / 'hf'))
+    assert back.config == model.config
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_an_export_computes_the_loss_generates_past_its_block_and_tokenizes(tmp_path):
+    data = write_char_dataset(tmp_path / 'data')
+    model = trained_like_gpt(0, **modern())
+    write_checkpoint(tmp_path / 'out', model)
+    export(tmp_path / 'out', tmp_path / 'hf', str(data / 'meta.pkl'))
+    theirs = load_export(tmp_path / 'hf')
+    assert theirs.get_input_embeddings() is theirs.gpt.transformer.wte
+    assert theirs.get_output_embeddings() is theirs.gpt.lm_head
+    torch.manual_seed(1)
+    idx = torch.randint(0, ARGS['vocab_size'], (2, 12))
+    labels = idx.clone()
+    labels[:, -3:] = -100  # transformers' ignored label
+    with torch.no_grad():
+        targets = torch.where(labels[:, 1:] == -100, -1, labels[:, 1:])
+        _, loss = model(idx[:, :-1], targets=targets)
+        torch.testing.assert_close(theirs(idx, labels=labels).loss, loss, atol=1e-5, rtol=0)
+        # right padding leaves the positions before it as they are; left padding would shift them: refused
+        mask = torch.ones_like(idx)
+        mask[:, -2:] = 0
+        torch.testing.assert_close(theirs(idx, attention_mask=mask).logits, theirs(idx).logits, atol=0, rtol=0)
+        with pytest.raises(ValueError, match='pad sequences on the right'):
+            theirs(idx, attention_mask=mask.flip(1))
+        # past block_size, generation runs on the last block_size tokens, as GPT.generate does
+        prompt = idx[:1, :6]
+        greedy = theirs.generate(prompt, max_new_tokens=20, do_sample=False)
+        assert greedy.shape[1] == 26 > ARGS['block_size'] and torch.equal(greedy, model.generate(prompt, 20, top_k=1))
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / 'hf', trust_remote_code=True)
+    stoi = load_meta(str(data / 'meta.pkl'))['stoi']
+    assert tokenizer.encode(TEXT[:40]) == [stoi[c] for c in TEXT[:40]]
+
+
+def test_model_sources_make_imports_of_project_modules_relative(tmp_path):
+    """model.py's imports of the repository's modules (the chunked loss's, split out of it) go with it, relative."""
+    (tmp_path / 'model.py').write_text('import math\nfrom torch import nn\nfrom loss import ce  # the loss\n'
+                                       'from  loss import (\n    ce2)\n')
+    (tmp_path / 'loss.py').write_text('from kernels import k\nfrom math import tau\n')
+    (tmp_path / 'kernels.py').write_text('import torch\n')
+    (tmp_path / 'train.py').write_text('from model import GPT\n')  # not imported by model.py: not copied
+    sources = hf.model_sources(tmp_path)
+    assert sources == {
+        'model.py': ('import math\nfrom torch import nn\nfrom .loss import ce  # the loss\n'
+                     'from .loss import (\n    ce2)\n'),
+        'loss.py': 'from .kernels import k\nfrom math import tau\n',
+        'kernels.py': 'import torch\n',
+    }
+    for name, source in sources.items():
+        (tmp_path / 'folder').mkdir(exist_ok=True)
+        (tmp_path / 'folder' / name).write_text(source)
+    from transformers.dynamic_module_utils import get_relative_import_files  # what transformers copies with it
+    assert sorted(get_relative_import_files(tmp_path / 'folder' / 'model.py')) == [
+        str(tmp_path / 'folder' / 'kernels.py'), str(tmp_path / 'folder' / 'loss.py')]
+
+
+def test_what_cannot_be_exported_is_one_line_before_writing(tmp_path):
+    checkpoint = {'model': trained_like_gpt(0).state_dict(), 'model_args': {**ARGS, 'rotary': True, 'n_expert': 8}}
     with pytest.raises(ConfigError) as e:
         hf.check_exportable(checkpoint, 'ckpt.pt')
-    assert str(e.value) == ('ckpt.pt cannot be exported as a GPT2LMHeadModel: it has no counterpart for '
-                            'rotary=True, qk_norm=True')
-    # modded-nanogpt's later records' options: tables and weights a GPT2LMHeadModel has no place for; off, GPT-2
-    later = {'value_embeds': 3, 'unet_skips': True, 'x0_shortcut': True, 'attn_window': 1024}
-    with pytest.raises(ConfigError, match='no counterpart for value_embeds=3, unet_skips=True, x0_shortcut=True, '
-                                          'attn_window=1024$'):
-        hf.check_exportable({'model_args': {**ARGS, **later}}, 'ckpt.pt')
-    hf.check_exportable({'model_args': {**ARGS, **dict.fromkeys(later, 0)}}, 'ckpt.pt')
-    # a GPTConfig field GPT-2 cannot express exports at its default and is refused at any other value
-    monkeypatch.setattr(hf, 'EXPRESSIBLE_KEYS', tuple(k for k in hf.EXPRESSIBLE_KEYS if k != 'bias'))
-    hf.check_exportable({'model_args': dict(ARGS, bias=True)}, 'ckpt.pt')
-    with pytest.raises(ConfigError, match='no counterpart for bias=False$'):
-        hf.check_exportable({'model_args': dict(ARGS, bias=False)}, 'ckpt.pt')
+    assert str(e.value) == ("ckpt.pt has model_args that this model.py does not have: rotary=True, n_expert=8; export "
+                            "it with the code that trained it")
+    hf.check_exportable({'model_args': {**ARGS, **modern()}}, 'ckpt.pt')  # every option GPTConfig has exports
+    # model_args that disagree with the weights: one line naming them, and no folder
+    weights = trained_like_gpt(0, **modern()).state_dict()
+    checkpoint = {'model': weights, 'model_args': {**ARGS, **modern(), 'n_layer': 3}}
+    with pytest.raises(ConfigError, match=r'^the checkpoint does not fit a GPT of its model_args \(.*Missing.*h\.2\.'):
+        hf.export(checkpoint, ('chars', None), str(tmp_path / 'hf'))
+    assert not (tmp_path / 'hf').exists()
 
 
 def save_hf(path, weights=True, **config):
@@ -120,6 +212,18 @@ def train_config(tmp_path, init_from, **keys):
             'init_from': init_from, **keys}
 
 
+def test_an_export_goes_through_the_rules_with_its_options(tmp_path):
+    write_checkpoint(tmp_path / 'out', trained_like_gpt(0, **modern()))
+    export(tmp_path / 'out', tmp_path / 'hf', str(write_char_dataset(tmp_path / 'data') / 'meta.pkl'))
+    config = train_config(tmp_path, str(tmp_path / 'hf'), block_size=8, dropout=0.1)
+    rules.check_config(config, 1, 'cpu')
+    args, crop = rules.model_args(config, None)
+    assert args == {**ARGS, **modern(), 'block_size': 8, 'dropout': 0.1} and crop == 8
+    # train.py's model: the export's weights with this run's dropout, cropped to the run's block_size
+    model = build_model(config, args)
+    assert model.config == GPTConfig(**args) and not model.config.tie_weights
+
+
 def test_a_folder_goes_through_the_rules_of_gpt2_names(tmp_path):
     save_hf(tmp_path / 'hf')
     config = train_config(tmp_path, str(tmp_path / 'hf'), block_size=16)
@@ -133,7 +237,10 @@ def test_a_folder_goes_through_the_rules_of_gpt2_names(tmp_path):
 @pytest.mark.parametrize('make, message', [
     (lambda path: None, "unknown init_from '{path}': neither one of gpt2"),
     (lambda path: (path.mkdir(), (path / 'config.json').write_text(json.dumps({'model_type': 'llama'}))),
-     "{path}/config.json has model_type 'llama': init_from takes GPT-2-architecture models only"),
+     "{path}/config.json has model_type 'llama': init_from takes GPT-2-architecture models (model_type 'gpt2', "
+     "e.g. a GPT-2 finetune or distilgpt2) and export_hf.py's exports ('nanogpt')"),
+    (lambda path: (path.mkdir(), (path / 'config.json').write_text(json.dumps({'model_type': 'nanogpt'}))),
+     "{path} has a config.json but no weights (model.safetensors): export the model again"),
     (lambda path: save_hf(path, weights=False), "{path} has a config.json but no weights"),
     (lambda path: save_hf(path, tie_word_embeddings=False), "sets tie_word_embeddings=False, which this GPT does"),
     (lambda path: save_hf(path, activation_function='relu'), "sets activation_function='relu', which this GPT"),
@@ -145,3 +252,13 @@ def test_a_folder_that_is_not_a_gpt2_is_one_line(tmp_path, make, message):
     with pytest.raises(ConfigError) as e:
         rules.check_config(config, 1, 'cpu')
     assert message.format(path=path) in str(e.value) and '\n' not in str(e.value)
+
+
+def test_an_export_whose_weights_do_not_fit_its_config_is_one_line(tmp_path):
+    write_checkpoint(tmp_path / 'out', trained_like_gpt(0, **modern()))
+    export(tmp_path / 'out', tmp_path / 'hf', str(write_char_dataset(tmp_path / 'data') / 'meta.pkl'))
+    saved = json.loads((tmp_path / 'hf' / 'config.json').read_text())
+    (tmp_path / 'hf' / 'config.json').write_text(json.dumps({**saved, 'value_embeds': 2}))
+    with pytest.raises(ConfigError, match=rf"^the weights in {tmp_path / 'hf'} do not fit its config.json \(.*"
+                                          rf"value_embeds\.1\.weight.*\): export the model again$"):
+        load_model(str(tmp_path / 'hf'), 'unused', 'cpu')
