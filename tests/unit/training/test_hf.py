@@ -63,7 +63,7 @@ def test_gpt2_tokenizer_is_tiktokens(tmp_path):
 def modern(**overrides):
     """GPTConfig's arguments of MODERN_ARCH_ARGS (every modern option on: the speedrun preset's architecture), as
     train.py builds them, beyond ARGS' shape; overrides: keys to change."""
-    config = configurator.load_config(configurator.train_defaults(), MODERN_ARCH_ARGS)
+    config = configurator.load_config(configurator.train_keys(), MODERN_ARCH_ARGS)
     args = rules.model_args(config, ARGS['vocab_size'])[0]
     return {**{k: v for k, v in args.items() if k not in ARGS}, **overrides}
 
@@ -92,8 +92,15 @@ def test_any_other_architecture_exports_with_its_own_modeling_code(tmp_path, opt
     assert_same_model(model, theirs)
     saved = json.loads((tmp_path / 'hf' / 'config.json').read_text())
     assert saved['auto_map'] == hf.AUTO_MAP and saved['model_type'] == 'nanogpt' and saved['pos_emb'] == 'rope'
-    # the folder's code is the repository's model.py and needs no module of the repository
-    assert (tmp_path / 'hf' / 'model.py').read_text() == (ROOT / 'model.py').read_text()
+    # the folder's code is the repository's model.py and the modules it imports (made relative imports: transformers
+    # copies what those name), and needs no module of the repository
+    copied = {path.stem for path in (tmp_path / 'hf').glob('*.py')} - {'modeling_nanogpt', 'configuration_nanogpt'}
+    assert copied >= {'model', 'chunked_loss'}
+    for name in copied:
+        text = (tmp_path / 'hf' / f'{name}.py').read_text()
+        for module in copied:
+            text = text.replace(f'from .{module} import', f'from {module} import')
+        assert text == (ROOT / f'{name}.py').read_text(), name
     from transformers.dynamic_module_utils import get_imports
     for path in (tmp_path / 'hf').glob('*.py'):
         assert not [name for name in get_imports(path) if (ROOT / f'{name}.py').exists()], path
