@@ -20,6 +20,7 @@ MODERN_DEFAULTS = {field.name: field.default for field in dataclasses.fields(GPT
 MODERN_CHOICES = {'pos_emb': ('learned', 'rope'), 'norm': ('layernorm', 'rmsnorm'), 'mlp': ('gelu', 'relu2')}
 AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval',
                 'log_interval', 'n_layer', 'n_head', 'n_embd')
+AT_LEAST_ZERO = ('max_iters', 'lr_decay_iters', 'seed')  # 0 means something (one iteration; no decay; a seed)
 # the values train.py takes for these keys, for the checks and --help: each tuple written once, where its key acts,
 # or here for the model's options and the schedule
 CHOICES = {'init_from': ('scratch', *LOAD_CHOICES),
@@ -32,6 +33,9 @@ def check_config(config, world_size, device_type):
     for key in AT_LEAST_ONE:
         if config[key] < 1:
             raise ConfigError(f'{key} must be at least 1, got {config[key]}')
+    for key in AT_LEAST_ZERO:
+        if config[key] < 0:
+            raise ConfigError(f'{key} must be 0 or more, got {config[key]}')
     if config['eval_batch_size'] < 0:
         raise ConfigError(f"eval_batch_size must be at least 1, or 0 for batch_size; got {config['eval_batch_size']}")
     if config['gpu_headroom_gb'] < 0:

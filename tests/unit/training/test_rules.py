@@ -24,6 +24,9 @@ def config(tmp_path):
     ({'n_head': 0}, 'n_head must be at least 1, got 0'),
     ({'n_embd': 0}, 'n_embd must be at least 1, got 0'),
     ({'n_layer': -1}, 'n_layer must be at least 1, got -1'),
+    ({'max_iters': -5}, 'max_iters must be 0 or more, got -5'),
+    ({'lr_decay_iters': -3}, 'lr_decay_iters must be 0 or more, got -3'),
+    ({'seed': -1}, 'seed must be 0 or more, got -1'),
     ({'dropout': 2.0}, 'dropout is a probability in [0, 1), got 2.0'),
     ({'n_embd': 30, 'n_head': 4}, 'n_embd=30 must be divisible by n_head=4'),
     ({'parallelism': 'zero3'}, "unknown parallelism 'zero3': use one of ddp, zero1, fsdp (docs/parallel.md)"),
@@ -52,6 +55,7 @@ def test_check_config_names_the_key(config, overrides, message):
 def test_check_config_accepts_the_defaults_and_splits_accumulation_over_processes(config):
     rules.check_config(config, 1, 'cpu')
     rules.check_config({**config, 'value_embeds': 1, 'unet_skips': True}, 1, 'cpu')  # the most 2 layers take
+    rules.check_config({**config, 'max_iters': 0, 'seed': 0}, 1, 'cpu')  # one iteration, as nanoGPT; seed 0
     rules.check_config({**config, 'gradient_accumulation_steps': 4}, 4, 'cpu')
     with pytest.raises(ConfigError, match='gradient_accumulation_steps=4 is not divisible by the 3 processes'):
         rules.check_config({**config, 'gradient_accumulation_steps': 4}, 3, 'cpu')
