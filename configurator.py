@@ -166,11 +166,12 @@ def checked_value(key, value, default, source):
 
 def parse_override(arg, config):
     """('key', value) of one `--key=value` argument, checked against `config`."""
+    key = arg[2:].split('=', 1)[0]
+    if key not in config:  # a typo first: --ladderr is more likely a near miss than a missing value
+        raise ConfigError(f'unknown config key --{key}: {closest_keys(key, config)}')
     if '=' not in arg:
         raise ConfigError(f'{arg}: expected --key=value (or a config file path without --)')
-    key, text = arg[2:].split('=', 1)
-    if key not in config:
-        raise ConfigError(f'unknown config key --{key}: {closest_keys(key, config)}')
+    text = arg[2:].split('=', 1)[1]
     try:
         value = ast.literal_eval(text)
     except (SyntaxError, ValueError):

@@ -114,7 +114,13 @@ def report(config, result):
                   f"  add to your command: {command_line(step['command'])}"]
         lines += [f'  cost of {s["rung"]}: {s["cost"]}' for s in result['ladder'] if s['cost'] and not s['skipped']]
     if result.get('ladder') and not result['ladder'][-1]['fits']:
-        lines.append('ladder: no rung fits this card: a smaller model or block_size, or several GPUs (fsdp)')
+        last = [step for step in result['ladder'] if not step['skipped']][-1]
+        if last['batch_1_total_bytes'] <= result['gpu_memory_bytes']:  # it is the headroom that it does not fit
+            lines.append(f"ladder: no rung fits the {gib(result['budget_bytes'])} that gpu_headroom_gb leaves, but "
+                         f"the last, {last['rung']}, needs {gib(last['batch_1_total_bytes'])} at micro-batch 1: with "
+                         f"nothing else on the GPU, --gpu_headroom_gb=0 fits it")
+        else:
+            lines.append('ladder: no rung fits this card: a smaller model or block_size, or several GPUs (fsdp)')
     for phase in ('train', 'eval') if 'measured' in result else ():
         measured = result['measured']
         lines.append(f"measured on {measured['device']}, {phase}: max_memory_allocated "
@@ -177,9 +183,10 @@ def main(argv):
         print(f'exit status: {FITS} the config fits, {DOES_NOT_FIT} it does not (training or evaluation), '
               f'{BAD_INPUT} bad input')
         sys.exit(0)
-    try:
-        config = load_config(argv)
-        result = estimate(config, progress_printer())
+    try:  # stdout holds the report (or --json's object) alone: what else prints (a pretrained config's notes) goes
+        with contextlib.redirect_stdout(sys.stderr):  # to stderr with the progress
+            config = load_config(argv)
+            result = estimate(config, progress_printer())
     except ConfigError as e:
         fail(e)
     print(json.dumps(result, indent=2) if config['json'] else report(config, result))

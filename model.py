@@ -378,7 +378,6 @@ class GPT(nn.Module):
         assert all(k == 'dropout' for k in override_args)
         config_args = dict(cls.PRETRAINED_ARGS[model_type], vocab_size=GPT2_VOCAB_SIZE, block_size=1024, bias=True)
         if 'dropout' in override_args:
-            print(f"overriding dropout rate to {override_args['dropout']}")
             config_args['dropout'] = override_args['dropout']
         return GPTConfig(**config_args)
 
@@ -386,6 +385,8 @@ class GPT(nn.Module):
     def from_pretrained(cls, model_type, override_args=None, **options):
         """options: the constructor's keywords (activation_checkpointing, loss_fn, flash_kernel)."""
         config = cls.pretrained_config(model_type, override_args)
+        if override_args and 'dropout' in override_args: # said once, as the weights load (not by shape queries)
+            print(f"overriding dropout rate to {override_args['dropout']}")
         from transformers import GPT2LMHeadModel  # only needed here: imported lazily
         print("loading weights from pretrained gpt: %s" % model_type)
         return cls.from_hf_model(GPT2LMHeadModel.from_pretrained(model_type), config, **options)

@@ -72,6 +72,8 @@ def test_missing_or_broken_config_file(tmp_path):
         load_config(KEYS, [write(tmp_path, 'batch_size = undefined_name\n', 'bad.py')])
     with pytest.raises(ConfigError, match='expected --key=value'):
         load_config(KEYS, ['--batch_size'])
+    with pytest.raises(ConfigError, match='unknown config key --batch_sizes: did you mean --batch_size'):
+        load_config(KEYS, ['--batch_sizes'])  # a bare flag with a typo: the typo is the likelier mistake
 
 
 def test_help_lists_keys_with_defaults_descriptions_and_values(capsys):

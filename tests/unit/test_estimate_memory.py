@@ -108,6 +108,12 @@ def test_exit_status_progress_and_json(tiny, capsys, monkeypatch):
     bad input; progress on stderr, so --json's stdout stays one JSON object."""
     tiny = {**tiny, 'n_layer': 1, 'gradient_accumulation_steps': 1}  # the smallest trace: its figures do not matter
     monkeypatch.setattr(estimate_memory, 'estimator_keys', lambda: as_keys(tiny))
+    estimate = estimate_memory.estimate
+
+    def noisy_estimate(*args, **kwargs):  # as a pretrained config prints its dropout note: not into the JSON
+        print('overriding dropout rate to 0.0')
+        return estimate(*args, **kwargs)
+    monkeypatch.setattr(estimate_memory, 'estimate', noisy_estimate)
     for argv, status in ((['--gpu_memory_gb=12'], estimate_memory.FITS),
                          (['--gpu_memory_gb=1.1', '--batch_size=4096'], estimate_memory.DOES_NOT_FIT),
                          (['--gpu_memory_gb=1.1', '--eval_batch_size=8192'], estimate_memory.DOES_NOT_FIT),
@@ -121,7 +127,8 @@ def test_exit_status_progress_and_json(tiny, capsys, monkeypatch):
             assert result['fits'] == (status == estimate_memory.FITS)
             if '--eval_batch_size=8192' in argv:  # training fits, evaluation does not: does not fit
                 assert result['total_bytes'] <= result['budget_bytes'] < result['eval_total_bytes']
-            assert 'tracing training at micro-batch' in err.splitlines()[0]
+            assert err.splitlines()[0] == 'overriding dropout rate to 0.0'  # on stderr, with the progress
+            assert 'tracing training at micro-batch' in err.splitlines()[1]
     assert (estimate_memory.FITS, estimate_memory.DOES_NOT_FIT, estimate_memory.BAD_INPUT) == (0, 1, 2)
 
 
@@ -129,3 +136,19 @@ def test_estimate_memory_reports_muon(weighty):
     config = {**weighty, 'optim': 'muon'}
     text = estimate_memory.report(config, em.estimate(config))
     assert "Muon for the blocks' matrices, fused AdamW for the rest" in text
+
+
+def test_a_ladder_that_fits_only_without_the_headroom_says_so(tiny):
+    """--ladder's last line where no rung fits: when the last rung fits the card's memory at micro-batch 1 but not
+    what gpu_headroom_gb leaves of it, it names --gpu_headroom_gb=0; when it fits neither, the other fixes."""
+    config = {**tiny, 'n_layer': 1, 'gradient_accumulation_steps': 1, 'gpu_memory_gb': 2.0}
+    result = em.estimate(config)  # 1.5 GiB of the card for the run, 0.5 left free
+    rung = dict(rung='bf16 weights', cost='', levers={}, fits=False, skipped=None)
+    for need_gb, last_line in ((1.65, 'ladder: no rung fits the 1.50 GiB that gpu_headroom_gb leaves, but the last, '
+                                      'bf16 weights, needs 1.65 GiB at micro-batch 1: with nothing else on the GPU, '
+                                      '--gpu_headroom_gb=0 fits it'),
+                               (2.1, 'ladder: no rung fits this card: a smaller model or block_size, or several GPUs '
+                                     '(fsdp)')):
+        ladder = [dict(rung, batch_1_total_bytes=int(need_gb * GIB)), dict(rung, rung='skipped', skipped='refused')]
+        text = estimate_memory.report(config, {**result, 'fits': False, 'ladder': ladder})
+        assert text.splitlines()[-1] == last_line
