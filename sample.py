@@ -18,6 +18,7 @@ from model import GPT2_VOCAB_SIZE
 from training.checkpoint import LOAD_CHOICES, load_model
 from training.data import get_encoding
 from training.device import DTYPES, TORCH_DTYPES, check_device, default_device, default_dtype
+from training.memory.floor import check_floor
 from training.errors import fail, first_line, install_handler
 from training.meta import load_meta, trained_meta_path
 
@@ -48,6 +49,8 @@ if top_k < 1:
 if num_samples < 1 or max_new_tokens < 1:
     key, value = ('num_samples', num_samples) if num_samples < 1 else ('max_new_tokens', max_new_tokens)
     fail(f'{key} must be at least 1, got {value}: e.g. --{key}={defaults[key]}')
+# each sample's tokens, int64 on the device, before anything is loaded: ten billion of them cannot fit
+check_floor({"a sample's tokens": 8 * max_new_tokens}, device, f'lower max_new_tokens ({max_new_tokens})')
 # -----------------------------------------------------------------------------
 
 torch.manual_seed(seed)

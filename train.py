@@ -52,6 +52,7 @@ from training.device import (TORCH_DTYPES, check_device, default_backend, defaul
 from training.errors import INTERRUPTED_STATUS, fail, first_line, install_handler, on_error
 from training.hellaswag import cached_val_file, evaluate, read_examples, report_cut_contexts
 from training.memory.advice import cuda_memory_stats, oom_advice
+from training.memory.floor import check_floor, training_floor
 from training.optim import group_lr, muon_momentum_at
 from training.paths import check_writable_dir
 from training.parallel import collective_failure, exit_with_launcher, full_state_dicts, set_gradient_sync
@@ -284,6 +285,8 @@ else:
     print(f"Initializing from GPT-2 weights: {init_from}")
 # the shape is the checkpoint's or OpenAI's, only dropout as configured; block_size and meta.pkl must fit it
 model_args, _ = rules.model_args(config, meta_vocab_size, checkpoint and checkpoint['model_args'])
+check_floor(training_floor(config, model_args), device, f'lower batch_size ({batch_size}), block_size, n_layer or '
+            f'n_embd; estimate_memory.py estimates a config') # sizes that cannot fit: one line, nothing allocated
 if hellaswag: # its data and tokenizer before the weights: a missing file fails early; the master downloads, once
     hellaswag_dir = os.path.join(data_dir, 'hellaswag')
     if master_process:

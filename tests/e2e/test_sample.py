@@ -60,6 +60,8 @@ def test_samples_from_a_modern_architecture_checkpoint(tmp_path):
     ('missing prompt file', ['--start=FILE:/nonexistent/prompt.txt'], 'cannot read the start file'),
     ('no samples', ['--num_samples=-1'], 'num_samples must be at least 1, got -1: e.g. --num_samples=10'),
     ('no new tokens', ['--max_new_tokens=-5'], 'max_new_tokens must be at least 1, got -5: e.g. --max_new_tokens=500'),
+    ('more tokens than memory', ['--max_new_tokens=10000000000000'], "this run needs at least 74,505.8 GiB (a "
+                                                                     "sample's tokens 74,505.8), more than"),
 ])
 def test_errors_are_one_line(tiny_run, tmp_path, case, args, message):
     _, _, tiny_out = tiny_run
