@@ -140,41 +140,38 @@ def test_kill_during_training_then_resume(tmp_path, data_dir):
     assert os.listdir(out_dir) == ['ckpt.pt']  # a temporary file of a save the kill cut short is gone
 
 
-def test_ctrl_c_ends_with_one_line_naming_the_checkpoint_and_how_to_resume(tmp_path, data_dir):
-    """SIGINT, as Ctrl-C sends it, once iteration 7 is logged (after the save at 6): exit 130, one line, and ckpt.pt
-    whole at the iteration the line names."""
-    out_dir = tmp_path / 'out'
+def interrupted_run(data_dir, out_dir, eval_interval, after):
+    """train.py sent SIGINT, as Ctrl-C sends it, once it has logged the line starting with `after`: (exit status,
+    stderr)."""
     process = subprocess.Popen([sys.executable, 'train.py', *TINY_ARGS, f'--data_dir={data_dir}',
-                                f'--out_dir={out_dir}', '--max_iters=100000', '--eval_interval=6'],
+                                f'--out_dir={out_dir}', '--max_iters=100000', f'--eval_interval={eval_interval}'],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=one_thread_env())
     for line in process.stdout:
-        if line.startswith('iter 7:'):
+        if line.startswith(after):
             break
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
-    saved = load(out_dir)['iter_num']
-    assert process.returncode == 130
-    assert re.fullmatch(rf"error: interrupted at iter \d+: {re.escape(str(out_dir / 'ckpt.pt'))} holds iter "
+    return process.returncode, stderr
+
+
+def test_ctrl_c_ends_with_one_line_naming_the_checkpoint_and_how_to_resume(tmp_path, data_dir):
+    """Ctrl-C once iteration 7 is logged (after the save at 6): exit 130, one line, and ckpt.pt whole at the
+    iteration the line names."""
+    status, stderr = interrupted_run(data_dir, tmp_path / 'out', 6, 'iter 7:')
+    saved = load(tmp_path / 'out')['iter_num']
+    assert status == 130
+    assert re.fullmatch(rf"error: interrupted at iter \d+: {re.escape(str(tmp_path / 'out' / 'ckpt.pt'))} holds iter "
                         rf"{saved}: go on with --init_from=resume\n", stderr), stderr
     assert saved % 6 == 0 and saved >= 6
 
 
 def test_ctrl_c_before_the_first_checkpoint_says_none_was_written(tmp_path, data_dir):
-    out_dir = tmp_path / 'out'
-    process = subprocess.Popen([sys.executable, 'train.py', *TINY_ARGS, f'--data_dir={data_dir}',
-                                f'--out_dir={out_dir}', '--max_iters=100000', '--eval_interval=100000'],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=one_thread_env())
-    for line in process.stdout:
-        if line.startswith('iter 2:'):
-            break
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130
+    status, stderr = interrupted_run(data_dir, tmp_path / 'out', 100000, 'iter 2:')
+    assert status == 130
     assert re.fullmatch(r'error: interrupted at iter \d+: no checkpoint written yet \(one is saved at each '
                         r'eval_interval=100000 iterations\)\n', stderr), stderr
-    assert not (out_dir / 'ckpt.pt').exists()
+    assert not (tmp_path / 'out' / 'ckpt.pt').exists()
 
 
 def test_nanogpt_checkpoint_resumes(tmp_path, tiny_run):
