@@ -102,6 +102,10 @@ logit_softcap = 0.0 # > 0: logits capped to logit_softcap * tanh(logits / logit_
 value_embeds = 0 # k > 0: k value-embedding tables, each shared by a block of the first k and its mirror in the last k
 unet_skips = False # add the first n_layer // 2 blocks' outputs to the mirrored later blocks' inputs, learned weights
 x0_shortcut = False # mix the embedding into every block's input, learned weights
+embed_norm = False # RMS-norm the token embedding (no gain) before block 0; x0_shortcut's x0 is the normed one
+norm_gain = True # False: ln_1, ln_2 and ln_f without weights (nor biases), torch's default eps, as modded-nanogpt
+value_residual = False # mix block 0's values into every block's values, a learned weight per block
+weight_init = 'gpt2' # 'gpt2': N(0, 0.02), c_proj scaled down; 'pytorch': torch's defaults (embedding N(0, 1))
 attn_window = 0 # > 0: each position attends to at most this many positions up to itself (sliding window); 0 = all
 attn_window_warmup_iters = 0 # > 0: the window grows from attn_window_warmup_start to attn_window over these iters
 attn_window_warmup_start = 64 # the window's first size, and its step as it grows (modded-nanogpt: 64 up to 1,792)

@@ -17,7 +17,8 @@ ARCHITECTURE_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab
 # where it differs from its default: a GPT-2 model's model_args are nanoGPT's, which nanoGPT's GPTConfig(**) takes
 MODERN_DEFAULTS = {field.name: field.default for field in dataclasses.fields(GPTConfig)
                    if field.name not in (*ARCHITECTURE_KEYS, 'dropout')}
-MODERN_CHOICES = {'pos_emb': ('learned', 'rope'), 'norm': ('layernorm', 'rmsnorm'), 'mlp': ('gelu', 'relu2')}
+MODERN_CHOICES = {'pos_emb': ('learned', 'rope'), 'norm': ('layernorm', 'rmsnorm'), 'mlp': ('gelu', 'relu2'),
+                  'weight_init': ('gpt2', 'pytorch')}
 AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval',
                 'log_interval', 'n_layer', 'n_head', 'n_embd')
 # the values train.py takes for these keys, for the checks and --help
@@ -100,12 +101,17 @@ def check_window_warmup(config):
                           f"first size and its step, e.g. --attn_window_warmup_start={max(1, window // 16)}")
 
 
+def check_choices(config, keys):
+    """ConfigError for a value of `keys` that is not one of its CHOICES."""
+    for key in keys:
+        if config[key] not in CHOICES[key]:
+            raise ConfigError(f"unknown {key} {config[key]!r}: use one of {', '.join(map(repr, CHOICES[key]))}")
+
+
 def check_architecture(config):
     """ConfigError for a modern architecture key (MODERN_DEFAULTS) out of its range, or given to a model whose
     architecture it cannot change."""
-    for key, choices in MODERN_CHOICES.items():
-        if config[key] not in choices:
-            raise ConfigError(f"unknown {key} {config[key]!r}: use one of {', '.join(map(repr, choices))}")
+    check_choices(config, MODERN_CHOICES)
     if config['logit_softcap'] < 0:
         raise ConfigError(f"logit_softcap must be 0 (off) or positive, got {config['logit_softcap']}: e.g. "
                           f"--logit_softcap=15")
