@@ -127,6 +127,9 @@ muon_momentum = 0.95 # optim='muon': Muon's Nesterov momentum (Keller Jordan's, 
 muon_momentum_warmup_iters = 0 # optim='muon': momentum from 0.85 up to muon_momentum over these iters (nanochat: 300)
 embedding_learning_rate = 0.0 # optim='muon': max lr of the embeddings (AdamW; tied, the head too), 0 = learning_rate
 head_learning_rate = 0.0 # optim='muon', tie_weights=False: max lr of the untied lm_head (AdamW), 0 = learning_rate
+scalar_learning_rate = 0.0 # optim='muon': max lr of the mixing weights (skip, x0, value; AdamW), 0 = learning_rate
+muon_split_qkv = False # optim='muon': orthogonalize c_attn's q, k and v rows each on its own (modded-nanogpt's)
+muon_momentum_form = 'ema' # optim='muon': 'ema' (torch's Muon: an average) or 'sum' (modded-nanogpt's Muon)
 optimizer_in_backward = False # update each parameter in backward and free its gradient: needs accumulation 1, no clip
 weight_dtype = 'float32' # 'bfloat16': weights and gradients in bf16, no fp32 copy, updates rounded stochastically
 # learning rate decay settings

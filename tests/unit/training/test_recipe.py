@@ -26,7 +26,8 @@ def test_each_ablation_changes_only_its_component_back():
         keys = recipe.run_keys(recipe.RUNS[f'recipe-{component}'], CONFIG)
         differ = {k for k in full if keys[k] != full[k]}
         if component == 'muon':  # and the keys only Muon reads go with it: AdamW at learning_rate throughout
-            assert differ == {'optim', *MUON_ONLY_KEYS}
+            assert differ == {'optim', *(k for k in MUON_ONLY_KEYS if full.get(k))}
+            assert all(keys[k] == 0 for k in MUON_ONLY_KEYS)
         else:
             assert differ == set(change)
         assert all(keys[k] == MODERN_DEFAULTS.get(k, CONFIG.get(k)) for k in change)
