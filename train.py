@@ -44,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import configurator
 from training import rules
 from training.checkpoint import checkpoint_path, load_checkpoint, restore_training_state, save_checkpoint
-from training.data import get_encoding
+from training.data import get_encoding, sequential_offsets
 from training.device import TORCH_DTYPES, check_device, peak_flops
 from training.errors import INTERRUPTED_STATUS, fail, first_line, install_handler, on_error
 from training.hellaswag import cached_val_file, evaluate, read_examples, report_cut_contexts
@@ -82,6 +82,7 @@ dataset = 'openwebtext'
 gradient_accumulation_steps = 5 * 8 # used to simulate larger batch sizes
 batch_size = 12 # if gradient_accumulation_steps > 1, this is the micro-batch size
 block_size = 1024
+batch_order = 'random' # 'random' windows of train.bin, or 'sequential': consecutive windows, each token once a pass
 eval_batch_size = 0 # estimate_loss's micro-batch (same windows, same loss), 0 = batch_size; no backward: larger fits
 hellaswag = False # also score HellaSwag at each evaluation (GPT-2 tokens; its data: data_dir/hellaswag/)
 hellaswag_examples = 0 # with hellaswag: the first N validation examples, 0 = all 10,042
@@ -221,12 +222,15 @@ ptdtype = TORCH_DTYPES[dtype]
 ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=ptdtype,
                                                                   cache_enabled=autocast_cache)
 
-def get_batch(split, key, rows):
+def get_batch(split, key, rows, rows_before=None):
     """`rows` random windows of split.bin and their next-token targets; the offsets come from a generator seeded by
-    `key` alone, so a batch never depends on the world size, the rank or a restart."""
+    `key` alone, so a batch never depends on the world size, the rank or a restart. rows_before: consecutive windows
+    instead, after that many (batch_order='sequential')."""
     # We recreate np.memmap every batch to avoid a memory leak, as per
     # https://stackoverflow.com/questions/45132940/numpy-memmap-memory-usage-want-to-iterate-once/61472122#61472122
     data = np.memmap(os.path.join(data_path, f'{split}.bin'), dtype=np.uint16, mode='r')
+    if rows_before is not None:
+        return windows(data, sequential_offsets(len(data), block_size, rows_before, rows))
     return windows(data, np.random.default_rng(key).integers(len(data) - block_size, size=rows))
 
 def windows(data, ix):
@@ -242,10 +246,13 @@ def windows(data, ix):
 
 def train_batches(first_iter):
     """This rank's micro-batches from iteration first_iter on, in order: micro-step m of iteration `it` is global
-    micro-step m * world + rank."""
+    micro-step m * world + rank (batch_order='sequential': the rows after all earlier global micro-steps' rows)."""
     for it in itertools.count(first_iter):
         for micro_step in range(gradient_accumulation_steps):
-            yield get_batch('train', (seed, 0, it, micro_step * ddp_world_size + ddp_rank), batch_size)
+            micro = micro_step * ddp_world_size + ddp_rank
+            rows_before = (it * gradient_accumulation_steps * ddp_world_size + micro) * batch_size
+            yield get_batch('train', (seed, 0, it, micro), batch_size,
+                            rows_before if batch_order == 'sequential' else None)
 
 # init these up here, can override if init_from='resume' (i.e. from a checkpoint)
 iter_num = 0

@@ -25,7 +25,7 @@ AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval
 CHOICES = {'init_from': ('scratch', *LOAD_CHOICES),
            'optim': optim.OPTIMS, 'weight_dtype': optim.WEIGHT_DTYPES, 'dtype': DTYPES,
            'parallelism': parallel.PARALLELISMS, 'lr_schedule': ('cosine', 'wsd'),
-           'muon_momentum_form': optim.MUON_MOMENTUM_FORMS, **MODERN_CHOICES}
+           'batch_order': ('random', 'sequential'), 'muon_momentum_form': optim.MUON_MOMENTUM_FORMS, **MODERN_CHOICES}
 
 
 def check_config(config, world_size, device_type):
@@ -42,7 +42,7 @@ def check_config(config, world_size, device_type):
         raise ConfigError(f"hellaswag_examples must be at least 1, or 0 for all; got {config['hellaswag_examples']}")
     if not 0.0 <= config['dropout'] < 1.0:
         raise ConfigError(f"dropout is a probability in [0, 1), got {config['dropout']}: e.g. --dropout=0.1")
-    check_choices(config, ('muon_momentum_form',))
+    check_choices(config, ('batch_order', 'muon_momentum_form'))
     optim.check_config(config, world_size)  # before the split over processes: optimizer_in_backward's explains it
     check_schedule(config)
     check_window_warmup(config)
