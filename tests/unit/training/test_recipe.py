@@ -69,3 +69,12 @@ def test_the_window_warmup_grows_the_packed_layouts_window_over_the_run():
     long = recipe.run_keys(recipe.RUNS['recipe+window_warmup_long'], config)  # the record's 1,792 of 1,024
     assert {k for k in long if long.get(k) != warmup.get(k)} == {'attn_window'} and long['attn_window'] == 112
 
+
+def test_the_record_sets_its_own_hyperparameters_over_the_runs_and_keeps_its_lengths():
+    """The record's run has every value of RECIPES['record'] whatever the config says, and the config's lengths."""
+    config = {**CONFIG, 'beta1': 0.9, 'weight_decay': 0.1, 'grad_clip': 1.0, 'max_iters': 100}
+    keys = recipe.run_keys(recipe.RUNS['record'], config)
+    assert {k: keys[k] for k in recipe.RECIPES['record']} == recipe.RECIPES['record']
+    assert (keys['beta1'], keys['weight_decay'], keys['grad_clip'], keys['muon_split_qkv']) == (0.8, 0.0, 0.0, True)
+    assert keys['max_iters'] == 100 and keys['muon_momentum_warmup_iters'] == 50
+    assert set(recipe.RECIPES['record']) - set(MODERN_DEFAULTS) >= {'optim', 'scalar_learning_rate'}
