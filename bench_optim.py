@@ -43,7 +43,7 @@ import configurator
 from training import recipe, rules, step
 from training.device import TORCH_DTYPES
 from training.errors import ConfigError, install_handler
-from training.optim import build_optimizer, check_config, group_lr, muon_matrices, muon_momentum_at
+from training.optim import build_optimizer, check_config, muon_matrices, schedule_groups
 from training.schedule import attn_window_at, scheduled_lr
 
 install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
@@ -182,11 +182,7 @@ def train(run, seed, val_batches):
         if it == max_iters:
             break
         t0 = time.perf_counter()
-        lr = scheduled_lr(it, keys) # as train.py sets it
-        for group in optimizer.param_groups:
-            group['lr'] = group_lr(group, lr, keys)
-            if group.get('muon'):
-                group['momentum'] = muon_momentum_at(it, keys)
+        schedule_groups(optimizer, it, scheduled_lr(it, keys), keys) # as train.py sets them
         step.train_step(model, optimizer, batches, 1, ctx, grad_clip=keys['grad_clip'], attn_window=window)
         seconds += time.perf_counter() - t0
     matrices = muon_matrices(model)

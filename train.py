@@ -49,7 +49,7 @@ from training.device import TORCH_DTYPES, check_device, peak_flops
 from training.errors import INTERRUPTED_STATUS, fail, first_line, install_handler, on_error
 from training.hellaswag import cached_val_file, evaluate, read_examples, report_cut_contexts
 from training.memory.advice import cuda_memory_stats, oom_advice
-from training.optim import group_lr, muon_momentum_at
+from training.optim import schedule_groups
 from training.paths import check_writable_dir
 from training.parallel import collective_failure, exit_with_launcher, full_state_dicts, set_gradient_sync
 from training.schedule import attn_window_at, scheduled_lr
@@ -424,10 +424,7 @@ while True:
     # determine and set the learning rate for this iteration
     lr = scheduled_lr(iter_num, config) if decay_lr else learning_rate # lr_schedule's: nanoGPT's cosine or wsd
     window = window_at(iter_num) # and the sliding window's size, during its warmup
-    for param_group in optimizer.param_groups:
-        param_group['lr'] = group_lr(param_group, lr, config) # optim='muon': its groups' lr in proportion
-        if param_group.get('muon'): # and Muon's momentum warmup
-            param_group['momentum'] = muon_momentum_at(iter_num, config)
+    schedule_groups(optimizer, iter_num, lr, config) # optim='muon': each group's lr in proportion, Muon's momentum
 
     # evaluate the loss on train/val sets and write checkpoints
     if iter_num % eval_interval == 0 or eval_only:

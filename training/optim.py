@@ -387,6 +387,15 @@ def muon_momentum_at(it, config):
     return (1 - frac) * MUON_MOMENTUM_START + frac * config['muon_momentum']
 
 
+def schedule_groups(optimizer, it, lr, config):
+    """Set what train.py schedules at iteration `it`, whose learning_rate is `lr`: each group's lr (group_lr) and the
+    Muon groups' momentum (muon_momentum_at)."""
+    for group in optimizer.param_groups:
+        group['lr'] = group_lr(group, lr, config)
+        if group.get('muon'):
+            group['momentum'] = muon_momentum_at(it, config)
+
+
 def muon_matrices(model):
     """The parameters optim='muon' gives to Muon: the transformer blocks' 2-D weight matrices. Muon is for hidden
     layers' matrices, so the token embedding (also lm_head, tied) and the position embedding are not among them."""
