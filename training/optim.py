@@ -425,7 +425,8 @@ def muon_param_groups(model, config):
           f"{len(decay) + len(head)} decayed tensors, {sum(p.numel() for p in decay + head):,} parameters, "
           f"{len(no_decay) + len(scalars)} not decayed, {sum(p.numel() for p in no_decay + scalars):,} parameters")
     muon = dict(muon=True, lr=config['muon_learning_rate'], momentum=config['muon_momentum'],
-                weight_decay=config['weight_decay'], momentum_form=config.get('muon_momentum_form', 'ema'))
+                weight_decay=config['weight_decay'],
+                momentum_form=config.get('muon_momentum_form', MUON_MOMENTUM_FORMS[0]))
     groups = [dict(params=[p for p in matrices if id(p) not in qkv], **muon),
               dict(params=[p for p in matrices if id(p) in qkv], split=3, **muon),
               dict(params=decay, lr_key='embedding_learning_rate', weight_decay=config['weight_decay']),
