@@ -11,8 +11,11 @@ $ python bench_optim.py --dataset=shakespeare_char          # without tiktoken: 
 $ python bench_optim.py --runs=adamw,bf16_weights,bf16_nearest --dtype=bfloat16 --dataset=shakespeare_char
 $ python bench_optim.py --runs=adamw,autocast_cache --dtype=bfloat16 --activation_checkpointing=True
 
-The modern recipe against nanoGPT's (docs/recipe.md): 'baseline' is nanoGPT's GPT-2 architecture, AdamW and cosine
-schedule; 'recipe' is RECIPE (modern architecture, Muon, warmup-stable-decay); 'recipe-X' is the recipe without its
+The modern recipes against nanoGPT's (docs/recipe.md): 'baseline' is nanoGPT's GPT-2 architecture, AdamW and cosine
+schedule; 'recipe' is the CPU-tuned recipe (recipe.RECIPES['cpu_tuned']: modern architecture, Muon,
+warmup-stable-decay); 'record' is modded-nanogpt's record of 24 Nov 2024 that the speedrun presets port
+(recipe.RECIPES['record']: its architecture, initialization, optimizer groups and learning rates at this run's size,
+its schedule's shape over this run's steps); 'recipe-X' is the recipe without its
 component X (recipe.ABLATIONS), 'recipe+X' with the component X it left out (recipe.DROPPED); --runs=ablation runs
 all of them. 'recipe+documents', 'recipe+packed', 'recipe+window_warmup' and 'recipe+window_warmup_long'
 (recipe.LAYOUTS) attend within the documents eot_token separates, the last three over sequences 4 blocks long
@@ -22,6 +25,7 @@ sequences. With several --seeds (each
 its own initial weights, batches and validation windows) the curves are means over the seeds, and the summary gives
 each run's final val loss and the step at which it first reaches the first run's final val loss, seed by seed.
 $ python bench_optim.py --dataset=shakespeare_char --runs=ablation --seeds=1,2
+$ python bench_optim.py --dataset=shakespeare_char --runs=baseline,recipe,record --seeds=1,2
 
 Keys are overridden as in train.py: config files, then --key=value (python bench_optim.py --help lists them).
 """
@@ -39,7 +43,7 @@ import configurator
 from training import recipe, rules, step
 from training.device import TORCH_DTYPES
 from training.errors import ConfigError, install_handler
-from training.optim import build_optimizer, check_config, group_lr, muon_matrices, muon_momentum_at
+from training.optim import build_optimizer, check_config, muon_matrices, schedule_groups
 from training.schedule import attn_window_at, scheduled_lr
 
 install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
@@ -76,8 +80,9 @@ RUNS = {'adamw': {'optim': 'adamw'}, 'muon': {'optim': 'muon'},
         'bf16_weights': {'optim': 'adamw', 'weight_dtype': 'bfloat16'},
         'bf16_nearest': {'optim': 'adamw', 'weight_dtype': 'bfloat16', 'nearest': True},
         'autocast_cache': {'optim': 'adamw', 'autocast_cache': True}}  # the same losses: its cost is the time
-RUNS.update(recipe.RUNS) # 'baseline', 'recipe', 'recipe-X' (recipe.ABLATIONS) and 'recipe+X' (recipe.DROPPED)
-RUN_GROUPS = {'ablation': [name for name in recipe.RUNS if name[len('recipe+'):] not in recipe.LAYOUTS]}
+RUNS.update(recipe.RUNS) # 'baseline', 'recipe', 'record', 'recipe-X' (recipe.ABLATIONS), 'recipe+X' (recipe.DROPPED)
+RUN_GROUPS = {'ablation': [name for name in recipe.RUNS
+                           if name != 'record' and name[len('recipe+'):] not in recipe.LAYOUTS]}
 
 
 def run_names(runs):
@@ -169,12 +174,8 @@ def train(run, seed, val_batches):
         if it == max_iters:
             break
         t0 = time.perf_counter()
-        lr = scheduled_lr(it, keys) # as train.py sets it
-        for group in optimizer.param_groups:
-            group['lr'] = group_lr(group, lr, keys)
-            if group.get('muon'):
-                group['momentum'] = muon_momentum_at(it, keys)
-        step.train_step(model, optimizer, batches, 1, ctx, grad_clip=grad_clip, attn_window=window)
+        schedule_groups(optimizer, it, scheduled_lr(it, keys), keys) # as train.py sets them
+        step.train_step(model, optimizer, batches, 1, ctx, grad_clip=keys['grad_clip'], attn_window=window)
         seconds += time.perf_counter() - t0
     matrices = muon_matrices(model)
     in_muon = {id(p) for p in matrices}

@@ -28,18 +28,18 @@ from chunked_loss import chunked_cross_entropy
 
 class LayerNorm(nn.Module):
     """ LayerNorm but with an optional bias. PyTorch doesn't support simply bias=False
-    rms=True (GPTConfig.norm='rmsnorm'): RMSNorm, which subtracts no mean and has no bias, keeping the gain. """
+    rms=True (norm='rmsnorm'): RMSNorm, no mean, no bias. gain=False (norm_gain): no weight nor bias, torch's eps """
 
-    def __init__(self, ndim, bias, rms=False):
+    def __init__(self, ndim, bias, rms=False, gain=True):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias and not rms else None
+        self.weight = nn.Parameter(torch.ones(ndim)) if gain else None
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias and gain and not rms else None
         self.rms = rms
 
     def forward(self, input):
         if self.rms:
-            return F.rms_norm(input, self.weight.shape, self.weight, 1e-5)
-        return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
+            return F.rms_norm(input, input.shape[-1:], self.weight, None if self.weight is None else 1e-5)
+        return F.layer_norm(input, input.shape[-1:], self.weight, self.bias, 1e-5)
 
 class Attention(NamedTuple):
     """The attention every layer runs in one forward, chosen once by GPT.attention, and what that kind needs."""
@@ -66,15 +66,18 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.qk_norm = config.qk_norm
-        # value_embeds, in a layer that has a table: the weights of (values, table rows), modded-nanogpt's 0.5 / 0.5
-        self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if value_embed else None
+        self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if value_embed else None # (values, table rows)
+        self.v1_lambda = nn.Parameter(torch.tensor(0.5)) if config.value_residual else None # block 0's values' weight
 
-    def forward(self, x, *, attention=CAUSAL, rotary=None, value_embed=None, cache=None):
+    def forward(self, x, *, attention=CAUSAL, rotary=None, value_embed=None, cache=None, v1=None):
         """attention: GPT.attention's; rotary: GPT.forward's (cos, sin) with pos_emb='rope'; value_embed: this layer's
-        value_embeds table's rows for the tokens (B, T, C); cache: this layer's (keys, values) in a KVCache."""
+        value_embeds rows (B, T, C); cache: its (keys, values) in a KVCache; v1: block 0's values. Returns (y, v1)."""
         B, T, C = x.size() # batch size, sequence length, embedding dimensionality (n_embd)
         # calculate query, key, values for all heads in batch and move head forward to be the batch dim
         q, k, v  = self.c_attn(x).split(self.n_embd, dim=2)
+        if self.v1_lambda is not None: # value_residual: the values mix with block 0's (block 0 with its own)
+            v1 = v if v1 is None else v1
+            v = (1 - self.v1_lambda) * v + self.v1_lambda * v1
         if value_embed is not None: # value_embeds: the values mix with the token's own row of this layer's table
             v = self.value_lambdas[0] * v + self.value_lambdas[1] * value_embed.to(v.dtype) # autocast's v: bf16
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)) # (B, nh, T, hs)
@@ -86,7 +89,7 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C) # re-assemble all head outputs side by side
         # output projection
         y = self.resid_dropout(self.c_proj(y))
-        return y
+        return y, v1
 
     def attend(self, q, k, v, attention, cache):
         """The attention of q, k, v (B, nh, T, hs) of the kind `attention` names."""
@@ -128,20 +131,20 @@ class Block(nn.Module):
 
     def __init__(self, config, value_embed=False):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm')
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm', gain=config.norm_gain)
         self.attn = CausalSelfAttention(config, value_embed)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm')
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm', gain=config.norm_gain)
         self.mlp = MLP(config)
-        # x0_shortcut: the weights of (input, embedding x0) in the block's input, from (1, 0): the input at first
-        self.x0_lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if config.x0_shortcut else None
+        self.x0_lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if config.x0_shortcut else None # of (input, x0)
 
-    def forward(self, x, *, attention=CAUSAL, rotary=None, x0=None, value_embed=None, cache=None):
-        """x0: GPT.forward's embedding, with x0_shortcut; the others: CausalSelfAttention.forward's."""
+    def forward(self, x, *, attention=CAUSAL, rotary=None, x0=None, value_embed=None, cache=None, v1=None):
+        """x0: GPT.forward's embedding, with x0_shortcut; the others: CausalSelfAttention.forward's. Returns (x, v1)."""
         if self.x0_lambdas is not None: # x0_shortcut: every block sees the embedding directly, not only block 0
             x = self.x0_lambdas[0] * x + self.x0_lambdas[1] * x0
-        x = x + self.attn(self.ln_1(x), attention=attention, rotary=rotary, value_embed=value_embed, cache=cache)
+        y, v1 = self.attn(self.ln_1(x), attention=attention, rotary=rotary, value_embed=value_embed, cache=cache, v1=v1)
+        x = x + y
         x = x + self.mlp(self.ln_2(x))
-        return x
+        return x, v1
 
 GPT2_VOCAB_SIZE = 50257 # OpenAI's GPT-2 BPE: the tokens of its checkpoints, tiktoken's 'gpt2' and HellaSwag's
 
@@ -170,10 +173,13 @@ class GPTConfig:
     value_embeds: int = 0 # k > 0: k token tables whose rows mix into attention's values in the first and last k layers
     unet_skips: bool = False # True: the first n_layer // 2 blocks' outputs are added to the mirrored blocks' inputs
     x0_shortcut: bool = False # True: each block's input is a learned mix of the residual stream and the embedding
+    embed_norm: bool = False # True: the embedding RMS-normed (no gain) after the lookup, before block 0 and as x0
+    norm_gain: bool = True # False: ln_1, ln_2, ln_f without weights (nor biases), with torch's default eps
+    value_residual: bool = False # True: each block's values a learned mix of its own and block 0's
+    weight_init: str = 'gpt2' # 'gpt2': N(0, 0.02), c_proj scaled down; 'pytorch': nn.Linear's and nn.Embedding's own
     # Attention over packed documents (the records' 64K-token sequences): where each position may look
     attn_window: int = 0 # w > 0: at most the w positions up to itself (a sliding window); 0: the whole block
-    doc_token: int = -1 # >= 0: a document starts at each such token (GPT-2's <|endoftext|>, 50256) and positions
-                        # attend only within their own; -1: across documents, as GPT-2
+    doc_token: int = -1 # >= 0: each such token starts a document (<|endoftext|>: 50256), attention stays within one
 
 class GPT(nn.Module):
 
@@ -197,10 +203,9 @@ class GPT(nn.Module):
             drop = nn.Dropout(config.dropout),
             h = nn.ModuleList([Block(config, value_embed=value_embed_table(config, i) is not None)
                                for i in range(config.n_layer)]),
-            ln_f = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm'),
+            ln_f = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm', gain=config.norm_gain),
         ))
-        # unet_skips: the weight of each kept output in its mirrored block's input, 1 at first as in modded-nanogpt
-        self.skip_weights = nn.Parameter(torch.ones(config.n_layer // 2)) if config.unet_skips else None
+        self.skip_weights = nn.Parameter(torch.ones(config.n_layer // 2)) if config.unet_skips else None # kept outputs'
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.transformer.wte.weight = self.lm_head.weight # https://paperswithcode.com/method/weight-tying
@@ -209,14 +214,13 @@ class GPT(nn.Module):
         self.apply(self._init_weights)
         # apply special scaled init to the residual projections, per GPT-2 paper
         for pn, p in self.named_parameters():
-            if pn.endswith('c_proj.weight'):
+            if pn.endswith('c_proj.weight') and config.weight_init == 'gpt2':
                 torch.nn.init.normal_(p, mean=0.0, std=0.02/math.sqrt(2 * config.n_layer))
         if config.zero_init_proj: # modded-nanogpt's: blocks add nothing at first, and an untied head predicts uniform
             for pn, p in self.named_parameters():
                 if pn.endswith('c_proj.weight') or (pn == 'lm_head.weight' and not config.tie_weights):
                     torch.nn.init.zeros_(p)
-        # value_embeds' tables (token embeddings for attention's values), built and initialized last: every weight
-        # above is the one the same seed gives without them, so a comparison with and without is of them alone
+        # value_embeds' tables, built last: the weights above are the ones the same seed gives without them
         self.transformer.value_embeds = None
         if config.value_embeds:
             self.transformer.value_embeds = nn.ModuleList([nn.Embedding(config.vocab_size, config.n_embd)
@@ -226,10 +230,9 @@ class GPT(nn.Module):
     def get_num_params(self, non_embedding=True):
         """
         Return the number of parameters in the model.
-        For non-embedding count (default), the position embeddings get subtracted.
-        The token embeddings would too, except due to the parameter sharing these
-        params are actually used as weights in the final layer, so we include them.
-        (Untied, lm_head is that final layer and wte is subtracted, as are the value_embeds tables.)
+        For non-embedding count (default), the position embeddings get subtracted. The token embeddings would too,
+        except due to the parameter sharing these params are actually used as weights in the final layer, so we
+        include them. (Untied, lm_head is that final layer and wte is subtracted, as are the value_embeds tables.)
         """
         n_params = sum(p.numel() for p in self.parameters())
         if non_embedding:
@@ -242,6 +245,8 @@ class GPT(nn.Module):
         return n_params
 
     def _init_weights(self, module):
+        if self.config.weight_init == 'pytorch': # modded-nanogpt's: what each module drew when built, kept
+            return
         if isinstance(module, nn.Linear):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if module.bias is not None:
@@ -271,11 +276,12 @@ class GPT(nn.Module):
             rotary = rotary_cos_sin(pos, self.config.n_embd // self.config.n_head)
             x = self.transformer.drop(tok_emb)
         attention = self.attention(idx, pos, cache, self.config.attn_window if attn_window is None else attn_window)
+        x = F.rms_norm(x, x.shape[-1:]) if self.config.embed_norm else x # embed_norm: RMS 1 (GPT-2's init: 0.02)
         x0 = x if self.config.x0_shortcut else None # the embedding, which x0_shortcut mixes into every block's input
         # value_embeds: each table's rows for the tokens, looked up once for its two blocks
         tables = [table(idx) for table in self.transformer.value_embeds or ()]
         n_skips = 0 if self.skip_weights is None else len(self.skip_weights)
-        kept = [] # unet_skips: the outputs of the first n_skips blocks
+        kept, v1 = [], None # unet_skips: the outputs of the first n_skips blocks; value_residual: block 0's values
         # non-reentrant checkpointing: works with torch.compile and DDP, and restores the RNG for dropout
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.transformer.h):
@@ -284,8 +290,8 @@ class GPT(nn.Module):
                 x = x + self.skip_weights[mirror] * kept[mirror]
             table = value_embed_table(self.config, i)
             inputs = dict(attention=attention, rotary=rotary, x0=x0, cache=None if cache is None else cache.layers[i],
-                          value_embed=None if table is None else tables[table])
-            x = checkpoint(block, x, **inputs, use_reentrant=False) if recompute else block(x, **inputs)
+                          value_embed=None if table is None else tables[table], v1=v1)
+            x, v1 = checkpoint(block, x, **inputs, use_reentrant=False) if recompute else block(x, **inputs)
             if i < n_skips:
                 kept.append(x)
         x = self.transformer.ln_f(x)
@@ -341,9 +347,8 @@ class GPT(nn.Module):
     def varlen_kernel(self, idx):
         """FlashAttention's variable-length kernel where it runs (flash_kernel None: an Ampere or later GPU), else
         None: it needs bf16 or fp16, heads of a multiple of 8 up to 256 wide, no dropout, and a torch that has it."""
-        on_cuda = self.flash_kernel
-        if on_cuda is None:
-            on_cuda = idx.is_cuda and torch.cuda.get_device_capability(idx.device) >= (8, 0)
+        on_cuda = self.flash_kernel if self.flash_kernel is not None else (
+            idx.is_cuda and torch.cuda.get_device_capability(idx.device) >= (8, 0))
         device = idx.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.lm_head.weight.dtype
         head_size = self.config.n_embd // self.config.n_head
@@ -382,8 +387,7 @@ class GPT(nn.Module):
         return GPTConfig(**config_args)
 
     @classmethod
-    def from_pretrained(cls, model_type, override_args=None, **options):
-        """options: the constructor's keywords (activation_checkpointing, loss_fn, flash_kernel)."""
+    def from_pretrained(cls, model_type, override_args=None, **options): # options: the constructor's keywords
         config = cls.pretrained_config(model_type, override_args)
         if override_args and 'dropout' in override_args: # said once, as the weights load (not by shape queries)
             print(f"overriding dropout rate to {override_args['dropout']}")
@@ -505,10 +509,8 @@ def value_embed_table(config, layer):
     """The value_embeds table that block `layer` uses, or None: in the U-net pattern, table i serves block i and its
     mirror in the last k, block n_layer - k + i (modded-nanogpt's value embeddings)."""
     k = config.value_embeds
-    if layer < k:
-        return layer
-    if layer >= config.n_layer - k:
-        return layer - (config.n_layer - k)
+    if layer < k or layer >= config.n_layer - k:
+        return layer if layer < k else layer - (config.n_layer - k)
     return None
 
 def local_attention_mask(q_pos, k_pos, window, q_doc=None, k_doc=None):
@@ -572,9 +574,9 @@ def document_attention(q, k, v, varlen_attn, cu_seqlens, longest, window):
 
 def rotary_cos_sin(pos, head_size, base=10000.0):
     """The rotary embedding's (cos, sin) for positions `pos` (t,): each (t, head_size / 2), pair i of a head turning
-    at base**(-2i / head_size) radians a position (RoFormer, arXiv:2104.09864). Computed in fp32 from `pos` on
-    every forward: cheap, no buffer for weight_dtype to cast, and any positions (a cache's offset) work."""
-    inv_freq = base ** -(torch.arange(0, head_size, 2, dtype=torch.float32, device=pos.device) / head_size)
+    at base**(-2i / head_size) radians a position (RoFormer; modded-nanogpt's frequencies to the bit). In fp32 from
+    `pos` on every forward: cheap, no buffer for weight_dtype to cast, and any positions (a cache's offset) work."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2, dtype=torch.float32, device=pos.device) / head_size)
     angles = torch.outer(pos.to(torch.float32), inv_freq)
     return angles.cos(), angles.sin()
 
@@ -586,8 +588,7 @@ def apply_rotary(x, cos, sin):
 
 class KVCache:
     """The keys and values of every layer for the positions run so far, so that generation feeds the model only its
-    new tokens. Static, as in gpt-fast: all max_len positions allocated once; GPT.forward(idx, cache=...) writes its
-    tokens at positions length.. and advances length."""
+    new tokens. Static, as gpt-fast's: max_len positions; GPT.forward(idx, cache=...) writes at length, advances it."""
 
     def __init__(self, config, batch_size, max_len, device, dtype):
         shape = (batch_size, config.n_head, max_len, config.n_embd // config.n_head)

@@ -46,14 +46,14 @@ from torch.distributed import init_process_group, destroy_process_group
 import configurator
 from training import rules
 from training.checkpoint import checkpoint_path, load_checkpoint, restore_training_state, save_checkpoint
-from training.data import get_encoding
+from training.data import get_encoding, sequential_offsets
 from training.device import (TORCH_DTYPES, check_device, default_backend, default_compile, default_device,
                              default_dtype, peak_flops)
 from training.errors import INTERRUPTED_STATUS, fail, first_line, install_handler, on_error
 from training.hellaswag import cached_val_file, evaluate, read_examples, report_cut_contexts
 from training.memory.advice import cuda_memory_stats, oom_advice
 from training.memory.floor import check_floor, training_floor
-from training.optim import group_lr, muon_momentum_at
+from training.optim import schedule_groups
 from training.paths import check_writable_dir
 from training.parallel import collective_failure, exit_with_launcher, full_state_dicts, set_gradient_sync
 from training.schedule import attn_window_at, scheduled_lr
@@ -95,6 +95,7 @@ gradient_accumulation_steps = 5 * 8 # used to simulate larger batch sizes
 batch_size = 12 # if gradient_accumulation_steps > 1, this is the micro-batch size
 #: context length in tokens: each sample is this many tokens
 block_size = 1024
+batch_order = 'random' # 'random' windows of train.bin, or 'sequential': consecutive windows, each token once a pass
 eval_batch_size = 0 # estimate_loss's micro-batch (same windows, same loss), 0 = batch_size; no backward: larger fits
 hellaswag = False # also score HellaSwag at each evaluation (GPT-2 tokens; its data: data_dir/hellaswag/)
 hellaswag_examples = 0 # with hellaswag: the first N validation examples, 0 = all 10,042
@@ -118,6 +119,10 @@ logit_softcap = 0.0 # > 0: logits capped to logit_softcap * tanh(logits / logit_
 value_embeds = 0 # k > 0: k value-embedding tables, each shared by a block of the first k and its mirror in the last k
 unet_skips = False # add the first n_layer // 2 blocks' outputs to the mirrored later blocks' inputs, learned weights
 x0_shortcut = False # mix the embedding into every block's input, learned weights
+embed_norm = False # RMS-norm the token embedding (no gain) before block 0; x0_shortcut's x0 is the normed one
+norm_gain = True # False: ln_1, ln_2 and ln_f without weights (nor biases), torch's default eps, as modded-nanogpt
+value_residual = False # mix block 0's values into every block's values, a learned weight per block
+weight_init = 'gpt2' # 'gpt2': N(0, 0.02), c_proj scaled down; 'pytorch': torch's defaults (embedding N(0, 1))
 attn_window = 0 # > 0: each position attends to at most this many positions up to itself (sliding window); 0 = all
 attn_window_warmup_iters = 0 # > 0: the window grows from attn_window_warmup_start to attn_window over these iters
 attn_window_warmup_start = 64 # the window's first size, and its step as it grows (modded-nanogpt: 64 up to 1,792)
@@ -142,6 +147,9 @@ muon_momentum = 0.95 # optim='muon': Muon's Nesterov momentum (Keller Jordan's, 
 muon_momentum_warmup_iters = 0 # optim='muon': momentum from 0.85 up to muon_momentum over these iters (nanochat: 300)
 embedding_learning_rate = 0.0 # optim='muon': max lr of the embeddings (AdamW; tied, the head too), 0 = learning_rate
 head_learning_rate = 0.0 # optim='muon', tie_weights=False: max lr of the untied lm_head (AdamW), 0 = learning_rate
+scalar_learning_rate = 0.0 # optim='muon': max lr of the mixing weights (skip, x0, value; AdamW), 0 = learning_rate
+muon_split_qkv = False # optim='muon': orthogonalize c_attn's q, k and v rows each on its own (modded-nanogpt's)
+muon_momentum_form = 'ema' # optim='muon': 'ema' (torch's Muon: an average) or 'sum' (modded-nanogpt's Muon)
 optimizer_in_backward = False # update each parameter in backward and free its gradient: needs accumulation 1, no clip
 weight_dtype = 'float32' # the weights' and gradients' dtype; in bfloat16 there is no fp32 copy, and updates are
                          # rounded stochastically (docs/optimizers.md)
@@ -240,12 +248,15 @@ ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=de
                                                                   cache_enabled=autocast_cache)
 
 # poor man's data loader
-def get_batch(split, key, rows):
+def get_batch(split, key, rows, rows_before=None):
     """`rows` random windows of split.bin and their next-token targets; the offsets come from a generator seeded by
-    `key` alone, so a batch never depends on the world size, the rank or a restart."""
+    `key` alone, so a batch never depends on the world size, the rank or a restart. rows_before: consecutive windows
+    instead, after that many (batch_order='sequential')."""
     # We recreate np.memmap every batch to avoid a memory leak, as per
     # https://stackoverflow.com/questions/45132940/numpy-memmap-memory-usage-want-to-iterate-once/61472122#61472122
     data = np.memmap(os.path.join(data_path, f'{split}.bin'), dtype=np.uint16, mode='r')
+    if rows_before is not None:
+        return windows(data, sequential_offsets(len(data), block_size, rows_before, rows))
     return windows(data, np.random.default_rng(key).integers(len(data) - block_size, size=rows))
 
 def windows(data, ix):
@@ -261,10 +272,13 @@ def windows(data, ix):
 
 def train_batches(first_iter):
     """This rank's micro-batches from iteration first_iter on, in order: micro-step m of iteration `it` is global
-    micro-step m * world + rank."""
+    micro-step m * world + rank (batch_order='sequential': the rows after all earlier global micro-steps' rows)."""
     for it in itertools.count(first_iter):
         for micro_step in range(gradient_accumulation_steps):
-            yield get_batch('train', (seed, 0, it, micro_step * ddp_world_size + ddp_rank), batch_size)
+            micro = micro_step * ddp_world_size + ddp_rank
+            rows_before = (it * gradient_accumulation_steps * ddp_world_size + micro) * batch_size
+            yield get_batch('train', (seed, 0, it, micro), batch_size,
+                            rows_before if batch_order == 'sequential' else None)
 
 # init these up here, can override if init_from='resume' (i.e. from a checkpoint)
 iter_num = 0
@@ -438,10 +452,7 @@ while True:
     # determine and set the learning rate for this iteration
     lr = scheduled_lr(iter_num, config) if decay_lr else learning_rate # lr_schedule's: nanoGPT's cosine or wsd
     window = window_at(iter_num) # and the sliding window's size, during its warmup
-    for param_group in optimizer.param_groups:
-        param_group['lr'] = group_lr(param_group, lr, config) # optim='muon': its groups' lr in proportion
-        if param_group.get('muon'): # and Muon's momentum warmup
-            param_group['momentum'] = muon_momentum_at(iter_num, config)
+    schedule_groups(optimizer, iter_num, lr, config) # optim='muon': each group's lr in proportion, Muon's momentum
 
     # evaluate the loss on train/val sets and write checkpoints
     if iter_num % eval_interval == 0 or eval_only:

@@ -1,10 +1,11 @@
 """The data's files, for the prepare scripts and the library alike: downloads, all-or-nothing writes, and tiktoken
-encodings, each with one-line errors."""
+encodings, each with one-line errors; and train.py's sequential batch order."""
 import contextlib
 import os
 import shutil
 import urllib.request
 
+import numpy as np
 import tiktoken
 
 from training.errors import ConfigError, first_line
@@ -55,3 +56,11 @@ def get_encoding(name):
     except Exception as e:  # tiktoken downloads its BPE files on first use; whatever fails there, the fix is the cache
         raise ConfigError(f'could not load the tiktoken {name!r} files ({first_line(e)}); offline, set '
                            f'TIKTOKEN_CACHE_DIR to a folder holding tiktoken\'s cached {name} files') from None
+
+
+def sequential_offsets(n_tokens, block_size, first_row, rows):
+    """The offsets of windows first_row .. first_row + rows - 1 of a file of n_tokens read as consecutive windows of
+    block_size tokens (each followed by its last target), from the start again after the last whole window: every
+    token once a pass, in order, as modded-nanogpt reads its shards (train.py's batch_order='sequential')."""
+    per_pass = (n_tokens - 1) // block_size
+    return (np.arange(first_row, first_row + rows) % per_pass) * block_size

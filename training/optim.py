@@ -127,7 +127,10 @@ def check_muon(config, world_size):
 
 
 # keys that only optim='muon' reads; 0, their default (and what a tool without them gets), changes nothing
-MUON_ONLY_KEYS = ('muon_momentum_warmup_iters', 'embedding_learning_rate', 'head_learning_rate')
+MUON_ONLY_KEYS = ('muon_momentum_warmup_iters', 'embedding_learning_rate', 'head_learning_rate', 'scalar_learning_rate',
+                  'muon_split_qkv')
+# Muon's momentum (muon_momentum_form), the default first: 'ema' torch's, 'sum' modded-nanogpt's (Muon's docstring)
+MUON_MOMENTUM_FORMS = ('ema', 'sum')
 # Muon's momentum at iteration 0 with muon_momentum_warmup_iters: nanochat's base_train.py get_muon_momentum (and
 # modded-nanogpt's records) raise it linearly from 0.85 to 0.95 over the first 300 iterations
 MUON_MOMENTUM_START = 0.85
@@ -367,8 +370,9 @@ def _torchao_adamw8bit(bf16_weights):
 
 def group_lr(group, lr, config):
     """The learning rate of `group` at an iteration whose scheduled learning_rate is `lr`: the groups of optim='muon'
-    follow the same schedule, scaled to their own peak: muon_learning_rate for the Muon group, and
-    embedding_learning_rate or head_learning_rate, where set (not 0), for the groups muon_param_groups marks so."""
+    follow the same schedule, scaled to their own peak: muon_learning_rate for the Muon groups, and
+    embedding_learning_rate, head_learning_rate or scalar_learning_rate, where set (not 0), for the groups
+    muon_param_groups marks so."""
     if group.get('muon'):
         return lr * config['muon_learning_rate'] / config['learning_rate']
     peak = config.get(group.get('lr_key'), 0.0)
@@ -383,38 +387,124 @@ def muon_momentum_at(it, config):
     return (1 - frac) * MUON_MOMENTUM_START + frac * config['muon_momentum']
 
 
+def schedule_groups(optimizer, it, lr, config):
+    """Set what train.py schedules at iteration `it`, whose learning_rate is `lr`: each group's lr (group_lr) and the
+    Muon groups' momentum (muon_momentum_at)."""
+    for group in optimizer.param_groups:
+        group['lr'] = group_lr(group, lr, config)
+        if group.get('muon'):
+            group['momentum'] = muon_momentum_at(it, config)
+
+
 def muon_matrices(model):
     """The parameters optim='muon' gives to Muon: the transformer blocks' 2-D weight matrices. Muon is for hidden
     layers' matrices, so the token embedding (also lm_head, tied) and the position embedding are not among them."""
     return [p for p in model.transformer.h.parameters() if p.requires_grad and p.dim() == 2]
 
 
+# The parameters that weigh the terms of a sum in model.py (x0_lambdas, value_lambdas, v1_lambda, skip_weights):
+# modded-nanogpt's scalars, an AdamW group of their own under scalar_learning_rate
+MIXING_SCALARS = ('lambdas', 'v1_lambda', 'skip_weights')
+
+
 def muon_param_groups(model, config):
-    """nanoGPT's parameter groups (2-D tensors decayed, the rest not) with muon_matrices taken out into a Muon group;
-    the embeddings stay with AdamW, as do the LayerNorms and biases, and an untied lm_head (tie_weights=False) gets
-    an AdamW group of its own. group_lr gives each its learning rate ('lr_key': the config key of its peak)."""
+    """nanoGPT's parameter groups (2-D tensors decayed, the rest not) with muon_matrices taken out into a Muon group
+    (with muon_split_qkv, the c_attn matrices in a second one, split in their q, k and v rows); the embeddings stay
+    with AdamW, as do the LayerNorms and biases, an untied lm_head (tie_weights=False) gets an AdamW group of its
+    own, and with scalar_learning_rate so do the MIXING_SCALARS. group_lr gives each its learning rate ('lr_key':
+    the config key of its peak). Empty groups are left out."""
     matrices = muon_matrices(model)
+    qkv = {id(block.attn.c_attn.weight) for block in model.transformer.h} if config.get('muon_split_qkv') else set()
     head = [] if model.config.tie_weights else [model.lm_head.weight]
-    apart = {id(p) for p in matrices + head}
+    scalars = [p for name, p in model.named_parameters() if name.endswith(MIXING_SCALARS) and p.requires_grad
+               and config.get('scalar_learning_rate')]
+    apart = {id(p) for p in matrices + head + scalars}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in apart]
     decay, no_decay = [p for p in rest if p.dim() >= 2], [p for p in rest if p.dim() < 2]
     print(f"num Muon matrices: {len(matrices)}, with {sum(p.numel() for p in matrices):,} parameters; AdamW: "
           f"{len(decay) + len(head)} decayed tensors, {sum(p.numel() for p in decay + head):,} parameters, "
-          f"{len(no_decay)} not decayed, {sum(p.numel() for p in no_decay):,} parameters")
-    groups = [dict(params=matrices, muon=True, lr=config['muon_learning_rate'], momentum=config['muon_momentum'],
-                   weight_decay=config['weight_decay']),
+          f"{len(no_decay) + len(scalars)} not decayed, {sum(p.numel() for p in no_decay + scalars):,} parameters")
+    muon = dict(muon=True, lr=config['muon_learning_rate'], momentum=config['muon_momentum'],
+                weight_decay=config['weight_decay'],
+                momentum_form=config.get('muon_momentum_form', MUON_MOMENTUM_FORMS[0]))
+    groups = [dict(params=[p for p in matrices if id(p) not in qkv], **muon),
+              dict(params=[p for p in matrices if id(p) in qkv], split=3, **muon),
               dict(params=decay, lr_key='embedding_learning_rate', weight_decay=config['weight_decay']),
-              dict(params=no_decay, weight_decay=0.0)]
-    if head:
-        groups.insert(2, dict(params=head, lr_key='head_learning_rate', weight_decay=config['weight_decay']))
-    for group in groups[1:]:
+              dict(params=head, lr_key='head_learning_rate', weight_decay=config['weight_decay']),
+              dict(params=no_decay, weight_decay=0.0),
+              dict(params=scalars, lr_key='scalar_learning_rate', weight_decay=0.0)]
+    for group in groups[2:]:
         group['lr'] = group_lr(group, config['learning_rate'], config)
-    return groups
+    return [group for group in groups if group['params']]
+
+
+def newton_schulz(g, coefficients, steps, eps, clamp):
+    """Muon's orthogonalization of the matrix g: torch's _zeropower_via_newtonschulz, the same operations in bf16, or
+    in float64 for float64 g (an exact comparison's). clamp: g divided by max(norm, eps) as torch's, else by norm + eps
+    as modded-nanogpt's."""
+    a, b, c = coefficients
+    x = g.to(torch.float64 if g.dtype == torch.float64 else torch.bfloat16)
+    tall = g.size(0) > g.size(1)
+    if tall:
+        x = x.T
+    norm = x.norm()
+    x = x / (norm.clamp(min=eps) if clamp else norm + eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+class Muon(torch.optim.Muon):
+    """torch's Muon (its hyperparameters, state and update, to the bit), and two more keys a group may set:
+    'momentum_form' (muon_momentum_form): 'ema', torch's, the momentum an average, buf = lerp(buf, g, 1 - mu) and
+    Nesterov's lerp(g, buf, mu), orthogonalized after dividing by max(norm, eps); 'sum', modded-nanogpt's,
+    buf = mu * buf + g and g + mu * buf, divided by norm + eps. For a constant mu the two point the same way; while mu
+    warms up, 'ema' weighs each gradient by its step's 1 - mu. 'split' (k): the matrix's k blocks of rows
+    orthogonalized each on its own, each with its own lr adjustment (muon_split_qkv: c_attn's q, k and v)."""
+
+    def __init__(self, params, momentum_form=MUON_MOMENTUM_FORMS[0], split=1, **options):
+        super().__init__(params, **options)
+        self.defaults.update(momentum_form=momentum_form, split=split)
+        fill_defaults(self.param_groups, self.defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = _closure_loss(closure)
+        for group in self.param_groups:
+            lr, mu, nesterov, form = group['lr'], group['momentum'], group['nesterov'], group['momentum_form']
+            for p in group['params']:
+                if p.grad is None:
+                    continue
+                grad, state = p.grad, self.state[p]
+                if 'momentum_buffer' not in state:
+                    state['momentum_buffer'] = torch.zeros_like(grad, memory_format=torch.preserve_format)
+                buf = state['momentum_buffer']
+                if form == 'sum':
+                    buf.mul_(mu).add_(grad)
+                    update = grad.add(buf, alpha=mu) if nesterov else buf
+                else:
+                    buf.lerp_(grad, 1 - mu)
+                    update = grad.lerp(buf, mu) if nesterov else buf
+                p.mul_(1 - lr * group['weight_decay'])
+                for rows, block in zip(p.chunk(group['split']), update.chunk(group['split'])):
+                    ortho = newton_schulz(block, group['ns_coefficients'], group['ns_steps'], group['eps'],
+                                          clamp=form == 'ema')
+                    rows.add_(ortho, alpha=-lr * math.sqrt(max(1, block.size(0) / block.size(1))))  # torch's adjustment
+        return loss
+
+
+def fill_defaults(groups, defaults):
+    """Give `groups` the `defaults` they lack: a checkpoint's groups replace an optimizer's own on loading, and one
+    written before a key existed lacks it."""
+    for group in groups:
+        for key, value in defaults.items():
+            group.setdefault(key, value)
 
 
 class MuonAdamW(torch.optim.Optimizer):
-    """torch's Muon for the parameter groups marked 'muon': True (2-D matrices only), torch's AdamW for the others,
-    as one optimizer. Both of torch's optimizers work on this one's group dicts and share its `state` (parameter ->
+    """Muon (torch's, as above) for the parameter groups marked 'muon': True (2-D matrices only), torch's AdamW for the
+    others, as one optimizer. Both optimizers work on this one's group dicts and share its `state` (parameter ->
     state; the parameters are disjoint), so everything that takes an optimizer takes this one as it is: setting 'lr'
     in param_groups schedules both, GradScaler unscales and steps it, ZeroRedundancyOptimizer builds one over its
     share of each group, and state_dict() is torch's layout, indexed through the groups in order, holding Muon's
@@ -427,15 +517,16 @@ class MuonAdamW(torch.optim.Optimizer):
         muon_groups = [group for group in self.param_groups if group['muon']]
         adamw_groups = [group for group in self.param_groups if not group['muon']]
         # each takes the groups given (the same dicts, adding its defaults); empty kinds get no optimizer
-        self.parts = ([torch.optim.Muon(muon_groups, lr=lr, momentum=momentum)] if muon_groups else []) + \
+        self.parts = ([Muon(muon_groups, lr=lr, momentum=momentum)] if muon_groups else []) + \
             ([torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, fused=fused)] if adamw_groups else [])
         self._share()
 
     def _share(self):
         """Point the parts at this optimizer's groups and state (again after load_state_dict, which replaces both)."""
         for part in self.parts:
-            muon = isinstance(part, torch.optim.Muon)
+            muon = isinstance(part, Muon)
             part.param_groups = [group for group in self.param_groups if group['muon'] == muon]
+            fill_defaults(part.param_groups, part.defaults)
             part.state = self.state
 
     @torch.no_grad()

@@ -1,18 +1,32 @@
-"""The modern recipe (docs/recipe.md) as train.py keys, nanoGPT's baseline, the recipe's ablations, and the measure
-bench_optim.py compares them by: the step at which a run first reaches a loss."""
+"""The recipes as train.py keys (docs/recipe.md): the one tuned on a CPU, and modded-nanogpt's record of 24 Nov 2024
+that the speedrun presets port (docs/record.md); nanoGPT's baseline, the CPU-tuned recipe's ablations, and the
+measure bench_optim.py compares them by: the step at which a run first reaches a loss."""
 from training.optim import MUON_ONLY_KEYS
 from training.rules import MODERN_DEFAULTS
 
 # nanoGPT's run: GPT-2's architecture (model.py's defaults), AdamW at learning_rate, cosine schedule
 BASELINE = {'optim': 'adamw', 'lr_schedule': 'cosine'}
-# The recipe: modded-nanogpt's architecture, Muon for the blocks' matrices, warmup-stable-decay; the learning rates
-# of its AdamW groups as tuned on character-level Tiny Shakespeare (docs/recipe.md), also in config/speedrun_*.py.
-# Without modded-nanogpt's zero-initialized projections, which cost loss in bench_optim.py's ablation, and its
-# embedding shortcut, which changed nothing measurable there (DROPPED). One value-embedding table: the most the
-# ablation's 2-layer model takes. U-net skips: neutral at 2 and 4 layers, paying at 8 (docs/recipe.md)
-RECIPE = {'pos_emb': 'rope', 'norm': 'rmsnorm', 'qk_norm': True, 'mlp': 'relu2', 'tie_weights': False,
-          'logit_softcap': 15.0, 'value_embeds': 1, 'unet_skips': True, 'optim': 'muon', 'lr_schedule': 'wsd',
-          'muon_learning_rate': 0.02, 'embedding_learning_rate': 0.01, 'head_learning_rate': 0.004}
+# 'cpu_tuned': modded-nanogpt's architecture, Muon for the blocks' matrices, warmup-stable-decay; the learning rates
+# of its AdamW groups as tuned on character-level Tiny Shakespeare (docs/recipe.md). Without modded-nanogpt's
+# zero-initialized projections, which cost loss in bench_optim.py's ablation, and its embedding shortcut, which
+# changed nothing measurable there (DROPPED). One value-embedding table: the most the ablation's 2-layer model
+# takes. U-net skips: neutral at 2 and 4 layers, paying at 8 (docs/recipe.md).
+# 'record': the 24 Nov 2024 record's model, initialization, optimizer groups, hyperparameters and schedule's shape,
+# which config/speedrun_gpt2_*.py set at GPT-2's size (with its 6 heads of 128, its layout and schedule lengths);
+# the lengths (warmups, max_iters) and the shape are a run's own
+RECIPES = {
+    'cpu_tuned': {'pos_emb': 'rope', 'norm': 'rmsnorm', 'qk_norm': True, 'mlp': 'relu2', 'tie_weights': False,
+                  'logit_softcap': 15.0, 'value_embeds': 1, 'unet_skips': True, 'optim': 'muon', 'lr_schedule': 'wsd',
+                  'muon_learning_rate': 0.02, 'embedding_learning_rate': 0.01, 'head_learning_rate': 0.004},
+    'record': {'pos_emb': 'rope', 'norm': 'rmsnorm', 'norm_gain': False, 'qk_norm': True, 'mlp': 'relu2',
+               'tie_weights': False, 'zero_init_proj': True, 'logit_softcap': 30.0, 'unet_skips': True,
+               'x0_shortcut': True, 'embed_norm': True, 'value_residual': True, 'weight_init': 'pytorch',
+               'optim': 'muon', 'muon_split_qkv': True, 'muon_momentum_form': 'sum', 'muon_learning_rate': 0.05,
+               'muon_momentum': 0.95, 'embedding_learning_rate': 0.6, 'head_learning_rate': 0.008,
+               'scalar_learning_rate': 0.04, 'beta1': 0.8, 'beta2': 0.95, 'weight_decay': 0.0, 'grad_clip': 0.0,
+               'lr_schedule': 'wsd', 'warmup_iters': 0, 'cooldown_frac': 640 / 1750, 'min_lr': 0.0},
+}
+RECIPE = RECIPES['cpu_tuned']  # the one the ablations below take apart
 # component: what the recipe without it has instead (GPT-2's or nanoGPT's choice)
 ABLATIONS = {'rope': {'pos_emb': 'learned'}, 'rmsnorm': {'norm': 'layernorm'}, 'qk_norm': {'qk_norm': False},
              'relu2': {'mlp': 'gelu'}, 'untied_head': {'tie_weights': True}, 'softcap': {'logit_softcap': 0.0},
@@ -30,7 +44,7 @@ PACK = 4
 LAYOUTS = {'documents': {'documents': True}, 'packed': {'documents': True, 'pack': PACK},
            'window_warmup': {'documents': True, 'pack': PACK, 'window_warmup': 1},
            'window_warmup_long': {'documents': True, 'pack': PACK, 'window_warmup': 7 / 4}}
-RUNS = {'baseline': BASELINE, 'recipe': RECIPE,
+RUNS = {'baseline': BASELINE, 'recipe': RECIPE, 'record': RECIPES['record'],
         **{f'recipe-{component}': {**RECIPE, **change} for component, change in ABLATIONS.items()},
         **{f'recipe+{component}': {**RECIPE, **change} for component, change in {**DROPPED, **LAYOUTS}.items()}}
 

@@ -17,7 +17,8 @@ ARCHITECTURE_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab
 # where it differs from its default: a GPT-2 model's model_args are nanoGPT's, which nanoGPT's GPTConfig(**) takes
 MODERN_DEFAULTS = {field.name: field.default for field in dataclasses.fields(GPTConfig)
                    if field.name not in (*ARCHITECTURE_KEYS, 'dropout')}
-MODERN_CHOICES = {'pos_emb': ('learned', 'rope'), 'norm': ('layernorm', 'rmsnorm'), 'mlp': ('gelu', 'relu2')}
+MODERN_CHOICES = {'pos_emb': ('learned', 'rope'), 'norm': ('layernorm', 'rmsnorm'), 'mlp': ('gelu', 'relu2'),
+                  'weight_init': ('gpt2', 'pytorch')}
 AT_LEAST_ONE = ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_iters', 'eval_interval',
                 'log_interval', 'n_layer', 'n_head', 'n_embd')
 AT_LEAST_ZERO = ('max_iters', 'lr_decay_iters', 'seed')  # 0 means something (one iteration; no decay; a seed)
@@ -25,7 +26,8 @@ AT_LEAST_ZERO = ('max_iters', 'lr_decay_iters', 'seed')  # 0 means something (on
 # or here for the model's options and the schedule
 CHOICES = {'init_from': ('scratch', *LOAD_CHOICES),
            'optim': optim.OPTIMS, 'weight_dtype': optim.WEIGHT_DTYPES, 'dtype': DTYPES,
-           'parallelism': parallel.PARALLELISMS, 'lr_schedule': ('cosine', 'wsd'), **MODERN_CHOICES}
+           'parallelism': parallel.PARALLELISMS, 'lr_schedule': ('cosine', 'wsd'),
+           'batch_order': ('random', 'sequential'), 'muon_momentum_form': optim.MUON_MOMENTUM_FORMS, **MODERN_CHOICES}
 
 
 def check_config(config, world_size, device_type):
@@ -45,6 +47,7 @@ def check_config(config, world_size, device_type):
         raise ConfigError(f"hellaswag_examples must be at least 1, or 0 for all; got {config['hellaswag_examples']}")
     if not 0.0 <= config['dropout'] < 1.0:
         raise ConfigError(f"dropout is a probability in [0, 1), got {config['dropout']}: e.g. --dropout=0.1")
+    check_choices(config, ('batch_order', 'muon_momentum_form'))
     optim.check_config(config, world_size)  # before the split over processes: optimizer_in_backward's explains it
     check_schedule(config)
     check_window_warmup(config)
@@ -106,12 +109,17 @@ def check_window_warmup(config):
                           f"first size and its step, e.g. --attn_window_warmup_start={max(1, window // 16)}")
 
 
+def check_choices(config, keys):
+    """ConfigError for a value of `keys` that is not one of its CHOICES."""
+    for key in keys:
+        if config[key] not in CHOICES[key]:
+            raise ConfigError(f"unknown {key} {config[key]!r}: use one of {', '.join(map(repr, CHOICES[key]))}")
+
+
 def check_architecture(config):
     """ConfigError for a modern architecture key (MODERN_DEFAULTS) out of its range, or given to a model whose
     architecture it cannot change."""
-    for key, choices in MODERN_CHOICES.items():
-        if config[key] not in choices:
-            raise ConfigError(f"unknown {key} {config[key]!r}: use one of {', '.join(map(repr, choices))}")
+    check_choices(config, MODERN_CHOICES)
     if config['logit_softcap'] < 0:
         raise ConfigError(f"logit_softcap must be 0 (off) or positive, got {config['logit_softcap']}: e.g. "
                           f"--logit_softcap=15")

@@ -46,6 +46,12 @@ FIDELITY_CASES = {
                                                  'optim': 'muon', 'activation_checkpointing': True},
     'later records in bf16': {'value_embeds': 1, 'unet_skips': True, 'x0_shortcut': True, 'attn_window': 16,
                               'doc_token': 0, 'pos_emb': 'rope', 'dtype': 'bfloat16'},
+    # the speedrun presets' record: the normed embedding, norms without gains, block 0's values kept for every block,
+    # Muon's q, k and v orthogonalized one at a time
+    'the record in bf16': {'pos_emb': 'rope', 'norm': 'rmsnorm', 'norm_gain': False, 'embed_norm': True,
+                           'value_residual': True, 'x0_shortcut': True, 'unet_skips': True, 'attn_window': 16,
+                           'doc_token': 0, 'optim': 'muon', 'muon_split_qkv': True, 'muon_momentum_form': 'sum',
+                           'scalar_learning_rate': 0.04, 'dtype': 'bfloat16'},
     'bf16 weights, 8-bit moments, step in backward': {'dtype': 'bfloat16', 'weight_dtype': 'bfloat16',
                                                       'optim': 'adamw_8bit', 'optimizer_in_backward': True,
                                                       'grad_clip': 0.0},

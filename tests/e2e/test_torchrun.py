@@ -77,9 +77,10 @@ def test_resume_under_another_mode_and_world_size(runs, tmp_path, saved, resumed
 
 
 def modern_recipe(mode):
-    """The modern options, with the recipe's Muon where the mode allows it (fsdp splits the matrices Muon needs)."""
-    return [*MODERN_ARCH_ARGS, '--lr_schedule=wsd', *(['--optim=muon', '--muon_momentum_warmup_iters=2']
-                                                      if mode != 'fsdp' else [])]
+    """The modern options, with the record's Muon where the mode allows it (fsdp splits the matrices Muon needs)."""
+    return [*MODERN_ARCH_ARGS, '--lr_schedule=wsd', *(['--optim=muon', '--muon_momentum_warmup_iters=2',
+                                                       '--muon_split_qkv=True', '--muon_momentum_form=sum',
+                                                       '--scalar_learning_rate=0.02'] if mode != 'fsdp' else [])]
 
 
 @pytest.fixture(scope='module')

@@ -182,7 +182,7 @@ def _blocks(model, x):
     pos = torch.arange(x.shape[1])
     y = model.transformer.wte(x) + model.transformer.wpe(pos)
     for block in model.transformer.h:
-        y = block(y)
+        y, _ = block(y)
     return y
 
 

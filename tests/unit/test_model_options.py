@@ -1,7 +1,7 @@
 """model.py's modern architecture options (GPTConfig: pos_emb, norm, qk_norm, mlp, tie_weights, zero_init_proj,
-logit_softcap, value_embeds, unet_skips, x0_shortcut, attn_window, doc_token): the default path against the
-implementation before them, bit for bit; each option where it acts; logit soft-capping in the chunked loss against a naive full-logits reference,
-forward and backward."""
+logit_softcap, value_embeds, unet_skips, x0_shortcut, embed_norm, norm_gain, value_residual, weight_init,
+attn_window, doc_token): the default path against the implementation before them, bit for bit; each option where it
+acts; logit soft-capping in the chunked loss against a naive full-logits reference, forward and backward."""
 import importlib.util
 import math
 
@@ -129,13 +129,13 @@ def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys():
     torch.manual_seed(0)
     attn = model_lib.CausalSelfAttention(GPTConfig(**SHAPE, qk_norm=True)).double()
     x = torch.randn(2, 5, 16, dtype=torch.float64)
-    before = attn(x)
+    before, _ = attn(x)
     with torch.no_grad():
         attn.c_attn.weight[:32].mul_(10.0)  # the query and key rows
         attn.c_attn.bias[:32].mul_(10.0)
-    torch.testing.assert_close(attn(x), before)
+    torch.testing.assert_close(attn(x)[0], before)
     attn.qk_norm = False
-    assert not torch.allclose(attn(x), before)
+    assert not torch.allclose(attn(x)[0], before)
 
 
 def test_modern_state_dict_rope_has_no_table_and_the_untied_head_its_own_matrix():
@@ -242,13 +242,14 @@ def test_value_embeds_adds_the_tokens_table_row_to_the_values_of_its_blocks():
         attn.value_lambdas.copy_(torch.tensor([0.5, 0.5]))
         h = torch.randn(1, 4, 16)
         bias = plain_attn.c_proj.bias
-        torch.testing.assert_close(attn(h, value_embed=torch.zeros(1, 4, 16)), 0.5 * (plain_attn(h) - bias) + bias)
+        (y, _), (plain_y, _) = attn(h, value_embed=torch.zeros(1, 4, 16)), plain_attn(h)
+        torch.testing.assert_close(y, 0.5 * (plain_y - bias) + bias)
 
 
 def block_inputs_and_outputs(model, x):
     """The residual stream going into and out of each block in a forward of x."""
     seen = []
-    hooks = [block.register_forward_hook(lambda module, args, out: seen.append((args[0], out)))
+    hooks = [block.register_forward_hook(lambda module, args, out: seen.append((args[0], out[0])))
              for block in model.transformer.h]
     model(x, x)
     for hook in hooks:
@@ -291,7 +292,7 @@ def test_x0_shortcut_starts_as_the_plain_model_and_learns_to_mix_the_embedding_i
         model.transformer.h[1].x0_lambdas.copy_(torch.tensor([0.5, 2.0]))
     (in0, _), (in1, out1) = block_inputs_and_outputs(model, x)
     embedding = model.transformer.wte(x) + model.transformer.wpe(torch.arange(16))
-    torch.testing.assert_close(out1, plain.transformer.h[1](0.5 * in1 + 2.0 * embedding))
+    torch.testing.assert_close(out1, plain.transformer.h[1](0.5 * in1 + 2.0 * embedding)[0])
     torch.testing.assert_close(in0, embedding)
 
 
@@ -417,3 +418,80 @@ def test_mfu_counts_attention_over_the_window():
                             for block, window in [(64, 0), (256, 64), (256, 0)])
     assert short.estimate_mfu(4, 1.0) == packed.estimate_mfu(1, 1.0) < dense.estimate_mfu(1, 1.0)
     assert dense.estimate_mfu(1, 1.0, attn_window=64) == packed.estimate_mfu(1, 1.0)  # a window warmup's window
+
+
+def test_embed_norm_starts_the_stream_at_rms_1_and_x0_shortcut_takes_the_normed_embedding():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHAPE, embed_norm=True, x0_shortcut=True))
+    with torch.no_grad():
+        model.transformer.h[1].x0_lambdas.copy_(torch.tensor([0.5, 2.0]))
+    x = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(3))
+    (in0, _), (in1, out1) = block_inputs_and_outputs(model, x)
+    embedding = model.transformer.wte(x) + model.transformer.wpe(torch.arange(16))
+    normed = embedding / embedding.square().mean(-1, keepdim=True).add(torch.finfo(torch.float32).eps).sqrt()
+    torch.testing.assert_close(in0, normed)
+    torch.testing.assert_close(in0.square().mean(-1), torch.ones(2, 16), rtol=1e-3, atol=0)  # eps: 1.2e-7 / 8e-4
+    torch.testing.assert_close(out1, model.transformer.h[1](in1, x0=normed)[0])  # x0 is the normed embedding
+    assert not torch.allclose(out1, model.transformer.h[1](in1, x0=embedding)[0])
+
+
+def test_norm_gain_false_has_no_weights_and_torchs_default_eps():
+    """The record's F.rms_norm(x, (d,)): no weight, eps the dtype's machine epsilon (in float64 too)."""
+    model = GPT(GPTConfig(**SHAPE, norm='rmsnorm', norm_gain=False, bias=True))
+    assert not any('ln_' in name for name, _ in model.named_parameters())
+    x = torch.randn(3, 16, dtype=torch.float64) * 1e-5  # small: the eps shows
+    for dtype in (torch.float64, torch.float32):
+        h, eps = x.to(dtype), torch.finfo(dtype).eps
+        torch.testing.assert_close(model.transformer.ln_f(h), h / h.square().mean(-1, keepdim=True).add(eps).sqrt())
+    with_gain = LayerNorm(16, bias=False, rms=True)
+    assert not torch.allclose(with_gain(x.float()), model.transformer.ln_f(x.float()))  # eps 1e-5 there
+
+
+def test_value_residual_mixes_block_0s_values_into_every_blocks():
+    """Block 0 mixes its values with themselves (its lamb has no effect, as the record's); at lamb 0 each block has its
+    own values (the plain model); at lamb 1 a block's own value projection no longer matters, block 0's replace it."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**SHAPE, 'n_layer': 3}, value_residual=True))
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(**{**SHAPE, 'n_layer': 3}))
+    assert [block.attn.v1_lambda.item() for block in model.transformer.h] == [0.5] * 3
+    x = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(3))
+    _, loss = model(x, x)
+    loss.backward()
+    assert model.transformer.h[0].attn.v1_lambda.grad.abs() < 1e-9  # (1 - lamb) v + lamb v: no gradient
+    assert all(block.attn.v1_lambda.grad.abs() > 0 for block in model.transformer.h[1:])
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.v1_lambda.zero_()
+        torch.testing.assert_close(model(x, x)[1], plain(x, x)[1], rtol=0, atol=0)
+        model.transformer.h[2].attn.v1_lambda.fill_(1.0)
+        before = model(x, x)[1]
+        model.transformer.h[2].attn.c_attn.weight[32:].normal_()  # block 2's value rows
+        torch.testing.assert_close(model(x, x)[1], before, rtol=0, atol=0)
+        model.transformer.h[0].attn.c_attn.weight[32:].normal_()  # block 0's: the values every block mixes in
+        assert not torch.allclose(model(x, x)[1], before)
+
+
+def test_weight_init_pytorch_keeps_the_modules_own_initialization():
+    """weight_init='pytorch' (the record's): the embedding N(0, 1), every Linear U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+    c_proj too unless zero_init_proj zeroes it (and the untied head); GPT-2's init draws N(0, 0.02)."""
+    config = dict(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=512, bias=False, tie_weights=False)
+    model = GPT(GPTConfig(**config, weight_init='pytorch'))
+    assert 0.95 < model.transformer.wte.weight.std() < 1.05
+    for name, p in model.named_parameters():
+        if p.dim() == 2 and 'wte' not in name and 'wpe' not in name:
+            bound = 1 / math.sqrt(p.size(1))
+            assert p.abs().max() <= bound and p.abs().max() > 0.95 * bound, name
+    zeroed = GPT(GPTConfig(**config, weight_init='pytorch', zero_init_proj=True))
+    assert all(p.abs().max() == 0 for name, p in zeroed.named_parameters()
+               if name.endswith(('c_proj.weight', 'lm_head.weight')))
+    assert 0.019 < GPT(GPTConfig(**config)).transformer.wte.weight.std() < 0.021
+
+
+def test_rotary_frequencies_are_the_records_to_the_bit():
+    """1 / base ** (2i / d) in fp32, as modded-nanogpt computes them (base ** -(2i / d) differs by an ulp at d=128)."""
+    pos = torch.arange(4096)
+    cos, sin = rotary_cos_sin(pos, 128)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 128, 2).float() / 128))
+    angles = torch.outer(pos.float(), inv_freq)
+    assert torch.equal(cos, angles.cos()) and torch.equal(sin, angles.sin())

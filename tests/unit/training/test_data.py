@@ -1,6 +1,7 @@
-"""training/data.py: atomic output files and tiktoken encodings' one-line errors."""
+"""training/data.py: atomic output files, tiktoken encodings' one-line errors, the sequential batch order."""
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tiktoken
 
@@ -35,3 +36,13 @@ def test_encoding_errors_are_one_line(monkeypatch):
     with pytest.raises(ConfigError) as info:
         data.get_encoding('gpt2')
     assert 'TIKTOKEN_CACHE_DIR' in str(info.value) and '\n' not in str(info.value)
+
+
+def test_sequential_offsets_read_every_token_once_in_order_then_start_again():
+    """A file of 35 tokens holds 4 whole windows of 8 (and each one's next-token target): rows 0..3 cover tokens 0..32
+    in order, row 4 is row 0 again; rows asked for in pieces are the same rows."""
+    assert data.sequential_offsets(35, 8, 0, 6).tolist() == [0, 8, 16, 24, 0, 8]
+    assert data.sequential_offsets(33, 8, 0, 5).tolist() == [0, 8, 16, 24, 0]  # 33 = 4 * 8 + 1: still 4 windows
+    assert data.sequential_offsets(32, 8, 0, 4).tolist() == [0, 8, 16, 0]  # the 4th has no last target
+    pieces = np.concatenate([data.sequential_offsets(1000, 8, first, 3) for first in range(0, 300, 3)])
+    assert pieces.tolist() == data.sequential_offsets(1000, 8, 0, 300).tolist()

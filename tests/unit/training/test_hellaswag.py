@@ -35,7 +35,7 @@ def reference_losses(model, example, enc):
         tokens = torch.tensor([ctx + ending])
         x = model.transformer.wte(tokens[:, :-1]) + model.transformer.wpe(torch.arange(tokens.shape[1] - 1))
         for block in model.transformer.h:
-            x = block(x)
+            x, _ = block(x)
         logits = model.lm_head(model.transformer.ln_f(x))[0]
         losses = F.cross_entropy(logits[len(ctx) - 1:], tokens[0, len(ctx):], reduction='none')
         sums.append(losses.sum())

@@ -2,6 +2,7 @@
 moments and torchao's 8-bit AdamW train like AdamW with the state they promise; bf16 weights round stochastically;
 optim='muon' (torch's Muon on the blocks' matrices, AdamW on the rest) steps as torch's two optimizers and resumes
 exactly; the checks refuse what cannot run with one line."""
+import copy
 import importlib.util
 import io
 import sys
@@ -317,3 +318,71 @@ def test_scalars_go_to_adamw_without_decay_and_value_tables_with_the_embeddings(
         assert groups[name] is groups['transformer.wte.weight'] and groups[name]['weight_decay'] == 0.1
         if optim_name == 'muon':
             assert groups[name]['lr'] == 0.01  # embedding_learning_rate
+
+
+def record_muon_update(g, buf, momentum, ns_eps=1e-7):
+    """modded-nanogpt's Muon on one float64 matrix, its Newton-Schulz from tests/record_reference.py: (update, buf)."""
+    import record_reference
+    buf = momentum * buf + g
+    return record_reference.newton_schulz(g + momentum * buf, record_reference.RecordConfig(ns_dtype=None)), buf
+
+
+def test_muon_sum_form_and_split_are_the_records_muon_on_q_k_and_v():
+    """momentum_form='sum' and split=3 on a (3d, d) matrix: the record's Muon on three (d, d) matrices, over two steps
+    whose momentum differs (a warmup), in float64; 'ema' (torch's) gives another update there."""
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 16, generator=g, dtype=torch.float64)
+    grads = [torch.randn(48, 16, generator=g, dtype=torch.float64) for _ in range(2)]
+    results = {}
+    for form in ('sum', 'ema'):
+        p = torch.nn.Parameter(weight.clone())
+        muon = optim.Muon([dict(params=[p], split=3, momentum_form=form)], lr=0.05, weight_decay=0.0)
+        for grad, momentum in zip(grads, (0.85, 0.86)):
+            p.grad = grad.clone()
+            muon.param_groups[0]['momentum'] = momentum
+            muon.step()
+        results[form] = p.detach()
+    expected = []
+    for rows in range(3):
+        w, buf = weight[16 * rows:16 * (rows + 1)], torch.zeros(16, 16, dtype=torch.float64)
+        for grad, momentum in zip(grads, (0.85, 0.86)):
+            update, buf = record_muon_update(grad[16 * rows:16 * (rows + 1)], buf, momentum)
+            w = w - 0.05 * update  # a square block: no lr adjustment
+        expected.append(w)
+    torch.testing.assert_close(results['sum'], torch.cat(expected), rtol=0, atol=1e-12)
+    assert (results['ema'] - results['sum']).abs().max() > 1e-6
+
+
+def test_muon_split_qkv_and_scalar_learning_rate_make_their_own_groups():
+    """muon_split_qkv: the c_attn matrices in a Muon group of their own, split in 3; scalar_learning_rate: the mixing
+    weights in an AdamW group of their own at that lr; groups left empty (no gains, no biases) are dropped."""
+    model = tiny_gpt(n_layer=4, bias=False, norm='rmsnorm', norm_gain=False, tie_weights=False, unet_skips=True,
+                     x0_shortcut=True, value_residual=True, value_embeds=1)
+    config = {**MUON, 'weight_decay': 0.0, 'muon_split_qkv': True, 'muon_momentum_form': 'sum',
+              'scalar_learning_rate': 0.04, 'embedding_learning_rate': 0.6, 'head_learning_rate': 0.008}
+    optimizer = optim.build_optimizer(model, config, 'cpu')
+    names = {p: name for name, p in model.named_parameters()}
+    matrices, qkv, embeddings, head, scalars = ([names[p] for p in group['params']] for group in optimizer.param_groups)
+    assert qkv == [f'transformer.h.{i}.attn.c_attn.weight' for i in range(4)]
+    assert not any('c_attn' in name for name in matrices)
+    assert [group.get('split', 1) for group in optimizer.param_groups[:2]] == [1, 3]
+    assert all(group['momentum_form'] == 'sum' for group in optimizer.param_groups[:2])
+    assert sorted(scalars) == sorted(n for n in names.values() if n.endswith(('lambdas', 'v1_lambda', 'skip_weights')))
+    assert len(scalars) == 1 + 4 + 4 + 2  # skip weights; each block's x0 and value-residual weights; 2 value tables'
+    assert [group['lr'] for group in optimizer.param_groups] == pytest.approx([0.02, 0.02, 0.6, 0.008, 0.04])
+    train_steps(model, optimizer, 2)  # the split group steps
+
+
+def test_a_checkpoint_of_torchs_muon_groups_resumes():
+    """Groups saved before momentum_form and split existed (torch's Muon's keys only) load with their defaults."""
+    model, optimizer = gpt_and_optimizer('muon')
+    train_steps(model, optimizer, 2)
+    saved = copy.deepcopy(optimizer.state_dict())  # not the live state tensors, which the next steps change
+    for group in saved['param_groups']:
+        group.pop('momentum_form', None), group.pop('split', None)
+    resumed, resumed_optimizer = gpt_and_optimizer('muon')
+    resumed.load_state_dict(model.state_dict())
+    resumed_optimizer.load_state_dict(saved)
+    train_steps(model, optimizer, 2, first=2)
+    train_steps(resumed, resumed_optimizer, 2, first=2)
+    assert_same_parameters(resumed, model)

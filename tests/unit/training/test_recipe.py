@@ -19,12 +19,15 @@ def test_each_ablation_changes_only_its_component_back():
     assert full['optim'] == 'muon' and full['lr_schedule'] == 'wsd' and full['muon_momentum_warmup_iters'] == 50
     dropped = {k for change in recipe.DROPPED.values() for k in change}
     layout = {'attn_window', 'doc_token'}  # recipe.LAYOUTS' runs: how the tokens are laid out, compared on their own
-    assert all(full[k] != v for k, v in MODERN_DEFAULTS.items() if k not in dropped | layout)  # every kept option is on
+    record_only = {'embed_norm', 'norm_gain', 'value_residual', 'weight_init'}  # the record's, not tried on this one
+    assert all(full[k] != v for k, v in MODERN_DEFAULTS.items()
+               if k not in dropped | layout | record_only)  # every kept option is on
     for component, change in recipe.ABLATIONS.items():
         keys = recipe.run_keys(recipe.RUNS[f'recipe-{component}'], CONFIG)
         differ = {k for k in full if keys[k] != full[k]}
         if component == 'muon':  # and the keys only Muon reads go with it: AdamW at learning_rate throughout
-            assert differ == {'optim', *MUON_ONLY_KEYS}
+            assert differ == {'optim', *(k for k in MUON_ONLY_KEYS if full.get(k))}
+            assert all(keys[k] == 0 for k in MUON_ONLY_KEYS)
         else:
             assert differ == set(change)
         assert all(keys[k] == MODERN_DEFAULTS.get(k, CONFIG.get(k)) for k in change)
@@ -65,3 +68,13 @@ def test_the_window_warmup_grows_the_packed_layouts_window_over_the_run():
     assert warmup['attn_window'] == 64
     long = recipe.run_keys(recipe.RUNS['recipe+window_warmup_long'], config)  # the record's 1,792 of 1,024
     assert {k for k in long if long.get(k) != warmup.get(k)} == {'attn_window'} and long['attn_window'] == 112
+
+
+def test_the_record_sets_its_own_hyperparameters_over_the_runs_and_keeps_its_lengths():
+    """The record's run has every value of RECIPES['record'] whatever the config says, and the config's lengths."""
+    config = {**CONFIG, 'beta1': 0.9, 'weight_decay': 0.1, 'grad_clip': 1.0, 'max_iters': 100}
+    keys = recipe.run_keys(recipe.RUNS['record'], config)
+    assert {k: keys[k] for k in recipe.RECIPES['record']} == recipe.RECIPES['record']
+    assert (keys['beta1'], keys['weight_decay'], keys['grad_clip'], keys['muon_split_qkv']) == (0.8, 0.0, 0.0, True)
+    assert keys['max_iters'] == 100 and keys['muon_momentum_warmup_iters'] == 50
+    assert set(recipe.RECIPES['record']) - set(MODERN_DEFAULTS) >= {'optim', 'scalar_learning_rate'}

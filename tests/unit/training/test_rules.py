@@ -118,6 +118,11 @@ def test_model_args_of_a_gpt2_architecture_are_nanogpts_and_modern_keys_are_reco
     ({'pos_emb': 'alibi'}, "unknown pos_emb 'alibi': use one of 'learned', 'rope'"),
     ({'norm': 'batchnorm'}, "unknown norm 'batchnorm'"),
     ({'mlp': 'swiglu'}, "unknown mlp 'swiglu'"),
+    ({'weight_init': 'xavier'}, "unknown weight_init 'xavier': use one of 'gpt2', 'pytorch'"),
+    ({'batch_order': 'shuffled'}, "unknown batch_order 'shuffled': use one of 'random', 'sequential'"),
+    ({'muon_momentum_form': 'nesterov'}, "unknown muon_momentum_form 'nesterov': use one of 'ema', 'sum'"),
+    ({'scalar_learning_rate': 0.04}, "scalar_learning_rate=0.04 sets a parameter group of optim='muon'"),
+    ({'init_from': 'gpt2', 'embed_norm': True}, "which embed_norm=True changes: drop --embed_norm"),
     ({'logit_softcap': -1.0}, 'logit_softcap must be 0 (off) or positive'),
     ({'init_from': 'gpt2', 'pos_emb': 'rope'}, "init_from='gpt2' loads GPT-2 weights, trained with GPT-2's "
                                                "architecture, which pos_emb='rope' changes: drop --pos_emb"),
