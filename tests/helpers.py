@@ -22,6 +22,7 @@ from model import GPT, GPTConfig
 import script_server
 
 ROOT = Path(__file__).resolve().parent.parent
+PATCHES = ROOT / 'tests' / 'patches'  # patched_env's modules
 DATASET = 'tiny_char'
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
         "First Citizen:\nYou are all resolved rather to die than to famish?\n\nAll:\nResolved. resolved.\n\n") * 60
@@ -244,13 +245,10 @@ def run_torchrun(*words, env=None, timeout=300, cwd=ROOT):
                       timeout=timeout, env={**(env or {}), script_server.ADDRESS: running_script_server().address})
 
 
-def patched_env(directory, patch):
-    """Environment for a subprocess (or every process torchrun starts) that runs Python source `patch` first: a
-    sitecustomize.py in `directory`, on PYTHONPATH with the repository. For what no test can reach: a download, a
-    full disk, a fault."""
-    (directory / 'sitecustomize.py').write_text(f'import sys\nsys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}]\n'
-                                                f'{patch}')
-    return {'PYTHONPATH': str(directory)}
+def patched_env(*patches, **settings):
+    """Environment for a subprocess (or every process torchrun starts) that imports the modules `patches` of
+    tests/patches/ first (patches/sitecustomize.py), `settings` being what they read from the environment."""
+    return {'PYTHONPATH': str(PATCHES), 'TESTS_PATCHES': ','.join(patches), **settings}
 
 
 def logged_losses(stdout, kind='iter'):

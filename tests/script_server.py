@@ -8,7 +8,7 @@ torchrun's `python -u script args`: it passes torchrun's signals on to its child
 What a child does not do again is torch's import: environment variables read then (PYTHON*, OMP_*, MKL_*, TORCH*,
 CUDA*) are the server's own, so a run that sets them is refused and runs as a real process (run_script and the worker
 fall back); but PYTHONPATH, which the child applies as Python's start does, sitecustomize.py included
-(helpers.patched_env's), and torchrun's variables for its workers, which torch.distributed reads when it runs.
+(tests/patches/sitecustomize.py), and torchrun's variables for its workers, which torch.distributed reads when it runs.
 
 The server imports nothing of this repository: each child imports the scripts' modules afresh, as a new process would.
 It never runs a torch operation nor starts a thread, so its children fork from a process without threads."""
