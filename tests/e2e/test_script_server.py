@@ -1,14 +1,16 @@
 """tests/script_server.py, which most end-to-end runs go through: a forked child gives what `python script` gives, and
-torchrun's workers through it what torchrun's own give."""
+torchrun's workers through it what torchrun's own give; TESTS_PLAIN_SUBPROCESS=1 runs scripts without it, alike."""
 import os
 import re
 import subprocess
 import sys
 
 import pytest
+import torch
 
+import helpers
 import script_server
-from helpers import one_thread_env, patched_env, run_torchrun, running_script_server
+from helpers import load, logged_losses, one_thread_env, patched_env, run_torchrun, running_script_server, train
 from script_server import ScriptServer
 
 SCRIPT = """
@@ -85,8 +87,9 @@ sys.exit(3)
 """
 
 
-def test_torchrun_workers_run_as_torchruns_own(tmp_path):
+def test_torchrun_workers_run_as_torchruns_own(tmp_path, monkeypatch):
     """Rank 0 fails once rank 1 has printed; torchrun stops rank 1 with SIGTERM, which the worker passes on."""
+    monkeypatch.delenv(helpers.PLAIN_SUBPROCESS, raising=False)  # the server's workers, whatever the switch
     (tmp_path / 'worker.py').write_text(WORKER)
     words = ['--standalone', '--nproc_per_node=2', 'worker.py', str(tmp_path / 'printed')]
     served = run_torchrun(*words, cwd=tmp_path, timeout=120)
@@ -108,3 +111,21 @@ def test_a_torchrun_worker_without_the_server_is_torchruns_own(tmp_path):
         result = subprocess.run(worker, cwd=tmp_path, capture_output=True, text=True, timeout=60,
                                 env=one_thread_env(env))
         assert (result.returncode, result.stdout) == (4, 'False')
+
+
+def test_the_plain_subprocess_switch_runs_train_py_as_the_server_does(tmp_path, data_dir, monkeypatch):
+    """TESTS_PLAIN_SUBPROCESS=1: train.py, patched, a child of pytest's own process (one that breakpoint() can stop),
+    with the losses and weights of a run forked by the script server."""
+    runs = {}
+    for plain in ('0', '1'):
+        monkeypatch.setenv(helpers.PLAIN_SUBPROCESS, plain)
+        runs[plain] = train(data_dir, tmp_path / plain, '--max_iters=4', '--eval_interval=2', env=patched_env('probe'))
+        assert runs[plain].returncode == 0, runs[plain].stderr
+    parents = {plain: int(re.search(r'patched; parent process (\d+)', run.stderr)[1]) for plain, run in runs.items()}
+    assert parents['1'] == os.getpid() != parents['0']
+    assert sorted(logged_losses(runs['1'].stdout)) == [0, 1, 2, 3, 4]
+    assert logged_losses(runs['1'].stdout) == logged_losses(runs['0'].stdout)
+    assert logged_losses(runs['1'].stdout, 'step') == logged_losses(runs['0'].stdout, 'step')
+    weights = [load(tmp_path / plain)['model'] for plain in runs]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
