@@ -24,6 +24,12 @@ if sys.argv[1] == 'raise':
 if sys.argv[1] == 'hook':
     sys.excepthook = lambda *exc: print('hooked', exc[1], file=sys.stderr)
     raise ValueError('to the hook')
+if sys.argv[1] == 'interrupt':
+    raise KeyboardInterrupt
+if sys.argv[1] == 'at exit':  # a thread still running is joined, then atexit's handlers run, output flushed
+    import atexit, threading, time
+    atexit.register(print, 'atexit handler', end='')
+    threading.Thread(target=lambda: time.sleep(0.2) or print('thread done')).start()
 """
 
 
@@ -34,7 +40,7 @@ def server():
     server.close()
 
 
-@pytest.mark.parametrize('mode', ['ok', 'exit', 'raise', 'hook'])
+@pytest.mark.parametrize('mode', ['ok', 'exit', 'raise', 'hook', 'interrupt', 'at exit'])
 def test_a_child_runs_a_script_as_python_does(server, tmp_path, mode):
     (tmp_path / 'scripts').mkdir()
     (tmp_path / 'scripts' / 'script.py').write_text(SCRIPT)
@@ -46,7 +52,8 @@ def test_a_child_runs_a_script_as_python_does(server, tmp_path, mode):
     last_line = real.stderr.strip().splitlines()[-1]
     assert forked.stderr.strip().splitlines()[-1] == last_line
     assert forked.stderr.index('patched; parent process ') < forked.stderr.index('main __main__')  # patches first
-    assert real.returncode == {'ok': 0, 'exit': 1, 'raise': 1, 'hook': 1}[mode]
+    assert real.returncode == {'ok': 0, 'exit': 1, 'raise': 1, 'hook': 1, 'interrupt': -2, 'at exit': 0}[mode]
+    assert real.stdout.endswith('thread done\natexit handler') == (mode == 'at exit')
 
 
 def test_a_child_past_its_timeout_is_killed(server, tmp_path):
