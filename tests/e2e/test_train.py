@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from helpers import (MODERN_ARCH_ARGS, MODERN_RECIPE_ARGS, ROOT, TEXT, TINY_ARGS, load, logged_losses, one_thread_env,
-                     patched_env, train, write_char_dataset)
+                     patched_env, run_python, run_script, train, write_char_dataset)
 
 
 def same_weights(a, b):
@@ -271,10 +271,8 @@ def test_prepared_from_another_directory_then_trained_from_it(tmp_path):
     assert prepared.returncode == 0, prepared.stderr
     args = [arg for arg in TINY_ARGS if not arg.startswith(('--dataset', '--warmup_iters', '--lr_decay_iters'))]
     config = ROOT / 'config' / 'train_shakespeare_char.py'
-    trained = subprocess.run([sys.executable, str(ROOT / 'train.py'), str(config),
-                              *args, '--max_iters=3', '--eval_interval=3', '--warmup_iters=1', '--lr_decay_iters=1'],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                             env=one_thread_env())
+    trained = run_python(ROOT / 'train.py', config, *args, '--max_iters=3', '--eval_interval=3', '--warmup_iters=1',
+                         '--lr_decay_iters=1', cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr
     assert sorted(logged_losses(trained.stdout)) == [0, 1, 2, 3]
     assert (tmp_path / 'out-shakespeare-char' / 'ckpt.pt').exists()
@@ -336,34 +334,6 @@ def not_applicable(name):
     return None
 
 
-# Runs train.py once per case inside one Python process, as `python train.py ...` would (a fresh __main__ each
-# time, stdout and stderr captured, the exit status from SystemExit or the error handler), so torch is imported once,
-# not per case.
-DRIVER = """
-import contextlib, io, json, os, runpy, sys, traceback
-from training import errors
-results = []
-for argv, env in json.loads(sys.argv[1]):
-    saved_env = dict(os.environ)
-    os.environ.update(env)
-    sys.argv = ['train.py', *argv]
-    stderr, status = io.StringIO(), 0
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
-        try:
-            runpy.run_path('train.py', run_name='__main__')
-        except SystemExit as e:
-            status = e.code if isinstance(e.code, int) else 1
-        except BaseException as e: # what the excepthook of training.errors.install_handler does, short of exiting
-            status = 2 if errors.report_failure(e) else 1
-            if status == 1:
-                traceback.print_exc()
-    os.environ.clear()
-    os.environ.update(saved_env)
-    results.append((status, stderr.getvalue()))
-print(json.dumps(results))
-"""
-
-
 @pytest.fixture(scope='module')
 def bad_runs(tmp_path_factory, tiny_run):
     """Each applicable BAD_INPUTS case run once: {name: (exit status, stderr, out_dir before, out_dir after)}."""
@@ -391,8 +361,7 @@ def bad_runs(tmp_path_factory, tiny_run):
         before[name] = snapshot(out_dir)
         # --max_iters=2: short, should a check be missing
         cases.append(([*TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--max_iters=2', *args], env))
-    driver = subprocess.run([sys.executable, '-c', DRIVER, json.dumps(cases)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300, env=one_thread_env())
+    driver = run_script('tests/train_cases.py', json.dumps(cases))  # torch imported once, not per case
     assert driver.returncode == 0, driver.stderr
     results = json.loads(driver.stdout)
     return {name: (*result, before[name], snapshot(root / name.replace(' ', '_')))
