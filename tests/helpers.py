@@ -24,6 +24,8 @@ import script_server
 from training.step import Prefetcher, train_step
 
 ROOT = Path(__file__).resolve().parent.parent
+PATCHES = ROOT / 'tests' / 'patches'  # patched_env's modules
+PLAIN_SUBPROCESS = 'TESTS_PLAIN_SUBPROCESS'
 DATASET = 'tiny_char'
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
         "First Citizen:\nYou are all resolved rather to die than to famish?\n\nAll:\nResolved. resolved.\n\n") * 60
@@ -159,10 +161,22 @@ def run_script(script, *args, env=None, timeout=300, cwd=ROOT):
 
 def run_python(*args, env=None, timeout=300, cwd=ROOT):
     """`python args` from cwd in one_thread_env(env), output captured: a child of the script server where it can be
-    (script_server.py: without torch's import, seconds a run)."""
+    (script_server.py: without torch's import, seconds a run), a plain subprocess under TESTS_PLAIN_SUBPROCESS=1."""
     argv, env = [sys.executable, *map(str, args)], one_thread_env(env)
-    result = running_script_server().run(argv, cwd, env, timeout)
-    return result or subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    if plain_subprocess():  # breakpoint() in the script: pdb on the terminal
+        env = {'PYTHONBREAKPOINT': 'tty_breakpoint.set_trace', **env,
+               'PYTHONPATH': os.pathsep.join(filter(None, [env.get('PYTHONPATH'), str(PATCHES)]))}
+    else:
+        served = running_script_server().run(argv, cwd, env, timeout)
+        if served:
+            return served
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def plain_subprocess():
+    """Whether TESTS_PLAIN_SUBPROCESS=1 is set: every script, torchrun and its workers a plain subprocess, slower
+    but one that breakpoint() stops in, on the terminal (patches/tty_breakpoint.py)."""
+    return os.environ.get(PLAIN_SUBPROCESS) == '1'
 
 
 @functools.cache
@@ -245,20 +259,19 @@ def torchrun(*args, processes=2, env=None, timeout=300):
 def run_torchrun(*words, env=None, timeout=300, cwd=ROOT):
     """`torchrun words` (its options, a script, the script's args) from cwd, as run_script runs a script. Each worker
     that torchrun would start as `python -u script args` is a child of the script server too where it can be
-    (script_server.torchrun_worker)."""
+    (script_server.torchrun_worker), torchrun's own under TESTS_PLAIN_SUBPROCESS=1."""
+    if plain_subprocess():
+        return run_python('-m', 'torch.distributed.run', *words, cwd=cwd, timeout=timeout, env=env)
     script = next(i for i, word in enumerate(words) if str(word).endswith('.py'))
     worker = ['--no-python', sys.executable, '-S', script_server.__file__, 'worker']
     return run_python('-m', 'torch.distributed.run', *words[:script], *worker, *words[script:], cwd=cwd,
                       timeout=timeout, env={**(env or {}), script_server.ADDRESS: running_script_server().address})
 
 
-def patched_env(directory, patch):
-    """Environment for a subprocess (or every process torchrun starts) that runs Python source `patch` first: a
-    sitecustomize.py in `directory`, on PYTHONPATH with the repository. For what no test can reach: a download, a
-    full disk, a fault."""
-    (directory / 'sitecustomize.py').write_text(f'import sys\nsys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}]\n'
-                                                f'{patch}')
-    return {'PYTHONPATH': str(directory)}
+def patched_env(*patches, **settings):
+    """Environment for a subprocess (or every process torchrun starts) that imports the modules `patches` of
+    tests/patches/ first (patches/sitecustomize.py), `settings` being what they read from the environment."""
+    return {'PYTHONPATH': str(PATCHES), 'TESTS_PATCHES': ','.join(patches), **settings}
 
 
 def logged_losses(stdout, kind='iter'):

@@ -1,17 +1,19 @@
 """The end-to-end tests' fast path. A Python that has imported torch (seconds, the most of a tiny run) forks a child for
 each script run, and the child runs it as `python script args` (or `python -m module args`) would: its argv,
 directory, environment, stdin, stdout and stderr (the caller's own file descriptors), the same exit status and
-uncaught-exception handling. Its callers: ScriptServer.run (helpers.run_script, and torchrun's launcher in
+uncaught-exception handling, and it ends as Python's exit does, short of the teardown of its modules
+(exit_as_python_does). Its callers: ScriptServer.run (helpers.run_script, and torchrun's launcher in
 helpers.run_torchrun), and torchrun's workers, each `python -S script_server.py worker script args` in place of
 torchrun's `python -u script args`: it passes torchrun's signals on to its child, and ends as the child did.
 
 What a child does not do again is torch's import: environment variables read then (PYTHON*, OMP_*, MKL_*, TORCH*,
 CUDA*) are the server's own, so a run that sets them is refused and runs as a real process (run_script and the worker
 fall back); but PYTHONPATH, which the child applies as Python's start does, sitecustomize.py included
-(helpers.patched_env's), and torchrun's variables for its workers, which torch.distributed reads when it runs.
+(tests/patches/sitecustomize.py), and torchrun's variables for its workers, which torch.distributed reads when it runs.
 
 The server imports nothing of this repository: each child imports the scripts' modules afresh, as a new process would.
 It never runs a torch operation nor starts a thread, so its children fork from a process without threads."""
+import atexit
 import io
 import json
 import os
@@ -22,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 READ_AT_START = ('PYTHON', 'OMP_', 'MKL_', 'TORCH', 'CUDA')  # environment variables: by Python or by torch's import
@@ -195,13 +198,39 @@ def unbuffered(stream):
                             errors=stream.errors, write_through=True)
 
 
+def exit_as_python_does(status):
+    """End the child as Python's exit does, short of tearing down its modules: threads joined, atexit's handlers run,
+    stdout and stderr flushed. The teardown of torch's modules, in a forked child, writes to every page of the
+    server's objects that it touches: most of a second a run, for nothing a script can rely on (Python does not
+    promise to finalize the objects alive at exit)."""
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    if status == -signal.SIGINT:  # an uncaught KeyboardInterrupt: Python ends by the signal
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(status)
+
+
+def system_exit_status(e):
+    """The exit status of an uncaught SystemExit, its message (neither None nor an int) printed as Python does."""
+    if e.code is None or isinstance(e.code, int):
+        return e.code or 0
+    print(e.code, file=sys.stderr)
+    return 1
+
+
 if __name__ == '__main__':
     if sys.argv[1] == 'worker':
         torchrun_worker(sys.argv[2:])
+    import gc
     import importlib
+    import runpy
     import site
     own_env = dict(os.environ)  # as it started: torch's import sets some (TORCHINDUCTOR_CACHE_DIR)
     importlib.import_module('torch._dynamo')  # torch, and its compiler, which every torch optimizer imports when built
+    gc.freeze()  # the children's collections pass over the server's objects: no copy of their pages
     run = serve(sys.argv[2], own_env)
     os.chdir(run['cwd'])
     os.environ.clear()
@@ -215,11 +244,18 @@ if __name__ == '__main__':
     sys.path[0:1] = [path for path in run['env'].get('PYTHONPATH', '').split(os.pathsep)
                      if path and path not in sys.path]
     site.execsitecustomize()
-    import runpy
-    if sys.argv[0] == '-m':
-        sys.path.insert(0, os.getcwd())
-        sys.argv = sys.argv[1:]
-        runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)
-    else:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
-        runpy.run_path(sys.argv[0], run_name='__main__')
+    try:
+        if sys.argv[0] == '-m':
+            sys.path.insert(0, os.getcwd())
+            sys.argv = sys.argv[1:]
+            runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+            runpy.run_path(sys.argv[0], run_name='__main__')
+        exit_status = 0
+    except SystemExit as e:
+        exit_status = system_exit_status(e)
+    except BaseException as e:  # uncaught: the traceback, or what the script's sys.excepthook makes of it
+        sys.excepthook(type(e), e, e.__traceback__)
+        exit_status = -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
+    exit_as_python_does(exit_status)

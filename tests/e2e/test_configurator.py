@@ -1,13 +1,10 @@
 """The scripts' --help, in subprocesses: train.py's lists the keys of its declaration (configurator.train_keys),
 nanoGPT's among them, each described; the tools' describe every key."""
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import configurator
-from helpers import ROOT
+from helpers import run_script
 
 
 # nanoGPT's train.py keys: its config files and checkpoints' config set them, so each must exist here
@@ -20,7 +17,7 @@ NANOGPT_KEYS = {'out_dir', 'eval_interval', 'log_interval', 'eval_iters', 'eval_
 
 def help_lines(script):
     """{key: (default, description)} of `python script --help`, in the order listed, and the whole text."""
-    listed = subprocess.run([sys.executable, script, '--help'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    listed = run_script(script, '--help', timeout=120)
     assert listed.returncode == 0, listed.stderr
     keys = {}
     for line in listed.stdout.splitlines():

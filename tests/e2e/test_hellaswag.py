@@ -79,13 +79,11 @@ def train_with_hellaswag(tmp_path, *args, processes=1):
     ids.tofile(data / 'bpe' / 'val.bin')
     (data / 'hellaswag').mkdir()
     write_jsonl(data / 'hellaswag' / 'hellaswag_val.jsonl', EXAMPLES)
-    env = patched_env(tmp_path, 'import helpers, training.data\n'
-                                'training.data.get_encoding = lambda name: helpers.tiny_encoding()\n')
     args = [*TINY_ARGS, f'--data_dir={data}', '--dataset=bpe', f'--out_dir={tmp_path / "out"}', '--hellaswag=True',
             '--block_size=64', '--max_iters=2', '--eval_interval=2', *args]
     if processes == 1:
-        return run_script('train.py', *args, env=env)
-    return torchrun(*args, processes=processes, env=env)
+        return run_script('train.py', *args, env=patched_env('tiny_bpe'))
+    return torchrun(*args, processes=processes, env=patched_env('tiny_bpe'))
 
 
 def hellaswag_lines(stdout):

@@ -43,24 +43,6 @@ SKIPPED = ('pip ', 'python -m pytest ', 'lm_eval ')
 CUDA_ONLY = ('--find_batch_size=True',)  # tries micro-batches until the GPU runs out of memory: refused on a CPU
 
 
-# Stand-ins, in every process: GPT-2's BPE is a tiny byte-level BPE, and OpenAI's weights are random GPT-2s of a tiny
-# shape, built by transformers from its config, as GPT2LMHeadModel.from_pretrained would load them (transformers
-# patched when GPT.from_pretrained first asks for it: importing it takes seconds, in processes that mostly never do).
-STAND_INS = """
-import helpers, model, training.data
-training.data.get_encoding = lambda name: helpers.tiny_encoding(vocab_size=50257)
-tiny = dict(n_layer=2, n_head=2, n_embd=32)
-model.GPT.PRETRAINED_ARGS.update({name: tiny for name in model.GPT.PRETRAINED_ARGS})
-from_pretrained = model.GPT.from_pretrained.__func__
-def tiny_from_pretrained(cls, *args, **kwargs):
-    import transformers
-    transformers.GPT2LMHeadModel.from_pretrained = staticmethod(
-        lambda name, **options: transformers.GPT2LMHeadModel(transformers.GPT2Config(**tiny)))
-    return from_pretrained(cls, *args, **kwargs)
-model.GPT.from_pretrained = classmethod(tiny_from_pretrained)
-"""
-
-
 def readme_commands():
     """The commands of the ```sh blocks of README.md and docs/*.md, a line each, comments dropped."""
     text = ''.join(page.read_text() for page in [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))])
@@ -107,12 +89,13 @@ def repository(tmp_path_factory):
 
 
 @pytest.mark.parametrize('command', readme_commands())
-def test_readme_command_runs_as_written(repository, tmp_path, command):
+def test_readme_command_runs_as_written(repository, command):
     if not with_overrides(command):
         pytest.skip(f'{command}: an install, or this test suite')
     if any(flag in command for flag in CUDA_ONLY) and not torch.cuda.is_available():
         pytest.skip(f'{command}: CUDA only')
-    env = {**patched_env(tmp_path, STAND_INS), 'WANDB_MODE': 'disabled'}  # nanoGPT's train_gpt2.py logs to wandb
+    # GPT-2's BPE and weights in every process: patches/offline_gpt2.py; nanoGPT's train_gpt2.py logs to wandb
+    env = {**patched_env('offline_gpt2'), 'WANDB_MODE': 'disabled'}
     for words in with_overrides(command):
         # through helpers, as the tests run scripts, with the variables a command sets (VAR=value python ...)
         variables = dict(word.split('=', 1) for word in itertools.takewhile(re.compile('[A-Z_]+=').match, words))

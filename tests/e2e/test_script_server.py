@@ -1,21 +1,22 @@
 """tests/script_server.py, which most end-to-end runs go through: a forked child gives what `python script` gives, and
-torchrun's workers through it what torchrun's own give."""
+torchrun's workers through it what torchrun's own give; TESTS_PLAIN_SUBPROCESS=1 runs scripts without it, alike."""
 import os
 import re
 import subprocess
 import sys
 
 import pytest
+import torch
 
+import helpers
 import script_server
-from helpers import one_thread_env, patched_env, run_torchrun, running_script_server
+from helpers import load, logged_losses, one_thread_env, patched_env, run_torchrun, running_script_server, train
 from script_server import ScriptServer
 
 SCRIPT = """
 import os, sys
-import helper_module
 print('argv', sys.argv[1:], 'cwd', os.getcwd(), 'var', os.environ.get('SERVER_TEST'), 'path0', sys.path[0])
-print('patched', getattr(helper_module, 'PATCHED', False), 'main', __name__, file=sys.stderr)
+print('main', __name__, file=sys.stderr)
 if sys.argv[1] == 'exit':
     sys.exit('error: a one-line message')
 if sys.argv[1] == 'raise':
@@ -23,6 +24,12 @@ if sys.argv[1] == 'raise':
 if sys.argv[1] == 'hook':
     sys.excepthook = lambda *exc: print('hooked', exc[1], file=sys.stderr)
     raise ValueError('to the hook')
+if sys.argv[1] == 'interrupt':
+    raise KeyboardInterrupt
+if sys.argv[1] == 'at exit':  # a thread still running is joined, then atexit's handlers run, output flushed
+    import atexit, threading, time
+    atexit.register(print, 'atexit handler', end='')
+    threading.Thread(target=lambda: time.sleep(0.2) or print('thread done')).start()
 """
 
 
@@ -33,21 +40,20 @@ def server():
     server.close()
 
 
-@pytest.mark.parametrize('mode', ['ok', 'exit', 'raise', 'hook'])
+@pytest.mark.parametrize('mode', ['ok', 'exit', 'raise', 'hook', 'interrupt', 'at exit'])
 def test_a_child_runs_a_script_as_python_does(server, tmp_path, mode):
     (tmp_path / 'scripts').mkdir()
     (tmp_path / 'scripts' / 'script.py').write_text(SCRIPT)
-    (tmp_path / 'helper_module.py').write_text('')  # beside sitecustomize.py, on PYTHONPATH
-    env = one_thread_env({'SERVER_TEST': 'set',
-                          **patched_env(tmp_path, 'import helper_module\nhelper_module.PATCHED = True')})
+    env = one_thread_env({'SERVER_TEST': 'set', **patched_env('probe')})
     argv = [sys.executable, str(tmp_path / 'scripts' / 'script.py'), mode, '--key=a value']
     forked = server.run(argv, tmp_path, env, timeout=60)
     real = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert (forked.returncode, forked.stdout) == (real.returncode, real.stdout)
     last_line = real.stderr.strip().splitlines()[-1]
     assert forked.stderr.strip().splitlines()[-1] == last_line
-    assert 'patched True main __main__' in forked.stderr
-    assert real.returncode == {'ok': 0, 'exit': 1, 'raise': 1, 'hook': 1}[mode]
+    assert forked.stderr.index('patched; parent process ') < forked.stderr.index('main __main__')  # patches first
+    assert real.returncode == {'ok': 0, 'exit': 1, 'raise': 1, 'hook': 1, 'interrupt': -2, 'at exit': 0}[mode]
+    assert real.stdout.endswith('thread done\natexit handler') == (mode == 'at exit')
 
 
 def test_a_child_past_its_timeout_is_killed(server, tmp_path):
@@ -88,8 +94,9 @@ sys.exit(3)
 """
 
 
-def test_torchrun_workers_run_as_torchruns_own(tmp_path):
+def test_torchrun_workers_run_as_torchruns_own(tmp_path, monkeypatch):
     """Rank 0 fails once rank 1 has printed; torchrun stops rank 1 with SIGTERM, which the worker passes on."""
+    monkeypatch.delenv(helpers.PLAIN_SUBPROCESS, raising=False)  # the server's workers, whatever the switch
     (tmp_path / 'worker.py').write_text(WORKER)
     words = ['--standalone', '--nproc_per_node=2', 'worker.py', str(tmp_path / 'printed')]
     served = run_torchrun(*words, cwd=tmp_path, timeout=120)
@@ -111,3 +118,21 @@ def test_a_torchrun_worker_without_the_server_is_torchruns_own(tmp_path):
         result = subprocess.run(worker, cwd=tmp_path, capture_output=True, text=True, timeout=60,
                                 env=one_thread_env(env))
         assert (result.returncode, result.stdout) == (4, 'False')
+
+
+def test_the_plain_subprocess_switch_runs_train_py_as_the_server_does(tmp_path, data_dir, monkeypatch):
+    """TESTS_PLAIN_SUBPROCESS=1: train.py, patched, a child of pytest's own process (one that breakpoint() can stop),
+    with the losses and weights of a run forked by the script server."""
+    runs = {}
+    for plain in ('0', '1'):
+        monkeypatch.setenv(helpers.PLAIN_SUBPROCESS, plain)
+        runs[plain] = train(data_dir, tmp_path / plain, '--max_iters=4', '--eval_interval=2', env=patched_env('probe'))
+        assert runs[plain].returncode == 0, runs[plain].stderr
+    parents = {plain: int(re.search(r'patched; parent process (\d+)', run.stderr)[1]) for plain, run in runs.items()}
+    assert parents['1'] == os.getpid() != parents['0']
+    assert sorted(logged_losses(runs['1'].stdout)) == [0, 1, 2, 3, 4]
+    assert logged_losses(runs['1'].stdout) == logged_losses(runs['0'].stdout)
+    assert logged_losses(runs['1'].stdout, 'step') == logged_losses(runs['0'].stdout, 'step')
+    weights = [load(tmp_path / plain)['model'] for plain in runs]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from helpers import (MODERN_ARCH_ARGS, MODERN_RECIPE_ARGS, ROOT, TEXT, TINY_ARGS, load, logged_losses, one_thread_env,
-                     patched_env, train, write_char_dataset)
+                     patched_env, run_python, run_script, train, write_char_dataset)
 
 
 def same_weights(a, b):
@@ -106,14 +106,8 @@ def test_flash_kernel_trains_compiled_as_the_masked_attention_does(tmp_path, dat
     flash_varlen_on_a_cpu.py), compiled, with activation checkpointing, the recipe and its growing window, gives the
     losses of the masked attention run eagerly, in training and evaluation."""
     args = [*MODERN_RECIPE_ARGS, '--activation_checkpointing=True', '--max_iters=8', '--eval_interval=4']
-    patch = ('import atexit, sys, flash_varlen_on_a_cpu as flash, model\n'
-             'kernel_forward, calls = flash.forward, []\n'
-             'flash.forward = lambda *args, **kwargs: calls.append(1) or kernel_forward(*args, **kwargs)\n'
-             'kernel = flash.varlen_attn()\n'
-             'model.GPT.varlen_kernel = lambda self, idx: kernel\n'
-             'atexit.register(lambda: print(f"flash kernel calls: {len(calls)}", file=sys.stderr))\n')
     masked = train(data_dir, tmp_path / 'masked', *args)
-    flash = train(data_dir, tmp_path / 'flash', *args, '--compile=True', env=patched_env(tmp_path, patch))
+    flash = train(data_dir, tmp_path / 'flash', *args, '--compile=True', env=patched_env('counted_flash_kernel'))
     assert masked.returncode == 0 and flash.returncode == 0, flash.stderr
     assert 'flash kernel calls: 0' not in flash.stderr and 'flash kernel calls: ' in flash.stderr
     for kind in ('iter', 'step'):
@@ -256,34 +250,11 @@ def test_wandb_is_not_imported_without_wandb_log(tmp_path, data_dir):
 # -----------------------------------------------------------------------------
 # failures: a non-finite loss, out of memory, bad input
 
-def train_patched(patch, data_dir, out_dir, *args):
-    """train.py run after `patch` (Python source; model and torch imported) has changed what it calls."""
-    patch_dir = out_dir.parent / 'patch'
-    patch_dir.mkdir(exist_ok=True)
-    return train(data_dir, out_dir, *args, env=patched_env(patch_dir, f'import model, torch\n{patch}'))
-
-
-def forward_patch(training, at, action):
-    """Source that makes GPT.forward run `action` from its `at`-th call in training (or evaluation) mode on."""
-    return (f'forward, calls = model.GPT.forward, [0]\n'
-            f'def patched(self, idx, targets=None, **kwargs):\n'
-            f'    calls[0] += self.training == {training}\n'
-            f'    if calls[0] >= {at} and self.training == {training}:\n'
-            f'        {action}\n'
-            f'    return forward(self, idx, targets, **kwargs)\n'
-            f'model.GPT.forward = patched\n')
-
-
 def test_init_from_gpt2_weights(tmp_path, data_dir):
     """init_from=gpt2 through Hugging Face's GPT2LMHeadModel, offline: a 2-layer stand-in with GPT-2's vocabulary
     and context replaces the download; train.py crops the context to block_size and checkpoints it."""
-    patch = ("import transformers\n"
-             "tiny = dict(n_layer=2, n_head=2, n_embd=32)\n"
-             "model.GPT.PRETRAINED_ARGS['gpt2'] = tiny\n"
-             "transformers.GPT2LMHeadModel.from_pretrained = staticmethod(\n"
-             "    lambda name: transformers.GPT2LMHeadModel(transformers.GPT2Config(**tiny)))\n")
-    result = train_patched(patch, data_dir, tmp_path / 'out', '--init_from=gpt2', '--max_iters=2',
-                           '--eval_interval=2')
+    result = train(data_dir, tmp_path / 'out', '--init_from=gpt2', '--max_iters=2', '--eval_interval=2',
+                   env=patched_env('offline_gpt2'))
     assert result.returncode == 0, result.stderr
     assert 'loading weights from pretrained gpt: gpt2' in result.stdout
     assert sorted(logged_losses(result.stdout)) == [0, 1, 2]
@@ -303,8 +274,8 @@ def good_checkpoint(tmp_path, tiny_run):
 
 def test_non_finite_loss_stops_without_saving(good_checkpoint):
     data_dir, out_dir, before = good_checkpoint
-    nan = "return None, forward(self, idx, targets)[1] * float('nan')"
-    result = train_patched(forward_patch(True, 3, nan), data_dir, out_dir, '--max_iters=10', '--eval_interval=4')
+    result = train(data_dir, out_dir, '--max_iters=10', '--eval_interval=4',
+                   env=patched_env('forward_fault', FORWARD_FAULT='nan training 3'))
     assert result.returncode == 2
     assert 'error: the training loss is nan at iter 2' in result.stderr and 'Traceback' not in result.stderr
     assert 'keeps the last good state' in result.stderr
@@ -316,16 +287,8 @@ def test_non_finite_loss_stops_without_saving(good_checkpoint):
 def test_a_save_that_fails_stops_with_one_line_and_keeps_the_last_checkpoint(good_checkpoint):
     """A full disk at the second save of this run: one line, exit 2, the checkpoint of the first save intact."""
     data_dir, out_dir, _ = good_checkpoint
-    patch = ("import torch, training.checkpoint as ckpt\n"
-             "save, saves = torch.save, [0]\n"
-             "def full_disk(obj, f):\n"
-             "    saves[0] += 1\n"
-             "    if saves[0] == 2:\n"
-             "        f.write(b'partial')\n"
-             "        raise OSError(28, 'No space left on device')\n"
-             "    save(obj, f)\n"
-             "ckpt.torch.save = full_disk\n")
-    result = train_patched(patch, data_dir, out_dir, '--init_from=resume', '--max_iters=34', '--eval_interval=2')
+    result = train(data_dir, out_dir, '--init_from=resume', '--max_iters=34', '--eval_interval=2',
+                   env=patched_env('full_disk'))
     assert result.returncode == 2
     [error] = result.stderr.strip().splitlines()
     assert error.startswith(f"error: could not write {out_dir / 'ckpt.pt'} ([Errno 28] No space left on device)")
@@ -343,24 +306,21 @@ def test_prepared_from_another_directory_then_trained_from_it(tmp_path):
     assert prepared.returncode == 0, prepared.stderr
     args = [arg for arg in TINY_ARGS if not arg.startswith(('--dataset', '--warmup_iters', '--lr_decay_iters'))]
     config = ROOT / 'config' / 'train_shakespeare_char.py'
-    trained = subprocess.run([sys.executable, str(ROOT / 'train.py'), str(config),
-                              *args, '--max_iters=3', '--eval_interval=3', '--warmup_iters=1', '--lr_decay_iters=1'],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                             env=one_thread_env())
+    trained = run_python(ROOT / 'train.py', config, *args, '--max_iters=3', '--eval_interval=3', '--warmup_iters=1',
+                         '--lr_decay_iters=1', cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr
     assert sorted(logged_losses(trained.stdout)) == [0, 1, 2, 3]
     assert (tmp_path / 'out-shakespeare-char' / 'ckpt.pt').exists()
 
 
-@pytest.mark.parametrize('training, advice', [(True, '--batch_size=2 --gradient_accumulation_steps=2'),
-                                              (False, '--eval_batch_size=2')])
-def test_out_of_memory_advises_and_keeps_checkpoint(good_checkpoint, training, advice):
+@pytest.mark.parametrize('phase, advice', [('training', '--batch_size=2 --gradient_accumulation_steps=2'),
+                                           ('evaluation', '--eval_batch_size=2')])
+def test_out_of_memory_advises_and_keeps_checkpoint(good_checkpoint, phase, advice):
     data_dir, out_dir, before = good_checkpoint
-    oom = "raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')"
-    result = train_patched(forward_patch(training, 3, oom), data_dir, out_dir, '--max_iters=10',
-                           '--eval_interval=100')  # the 3rd evaluation forward is in the first evaluation
+    # the 3rd evaluation forward is in the first evaluation
+    result = train(data_dir, out_dir, '--max_iters=10', '--eval_interval=100',
+                   env=patched_env('forward_fault', FORWARD_FAULT=f'oom {phase} 3'))
     assert result.returncode == 2
-    phase = 'training' if training else 'evaluation'
     assert f'error: out of memory during {phase} at micro-batch 4' in result.stderr
     assert advice in result.stderr and 'Traceback' not in result.stderr
     assert (out_dir / 'ckpt.pt').read_bytes() == before
@@ -414,34 +374,6 @@ def not_applicable(name):
     return None
 
 
-# Runs train.py once per case inside one Python process, as `python train.py ...` would (a fresh __main__ each
-# time, stdout and stderr captured, the exit status from SystemExit or the error handler), so torch is imported once,
-# not per case.
-DRIVER = """
-import contextlib, io, json, os, runpy, sys, traceback
-from training import errors
-results = []
-for argv, env in json.loads(sys.argv[1]):
-    saved_env = dict(os.environ)
-    os.environ.update(env)
-    sys.argv = ['train.py', *argv]
-    stderr, status = io.StringIO(), 0
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
-        try:
-            runpy.run_path('train.py', run_name='__main__')
-        except SystemExit as e:
-            status = e.code if isinstance(e.code, int) else 1
-        except BaseException as e: # what the excepthook of training.errors.install_handler does, short of exiting
-            status = errors.report_failure(e) or 1
-            if status == 1:
-                traceback.print_exc()
-    os.environ.clear()
-    os.environ.update(saved_env)
-    results.append((status, stderr.getvalue()))
-print(json.dumps(results))
-"""
-
-
 @pytest.fixture(scope='module')
 def bad_runs(tmp_path_factory, tiny_run):
     """Each applicable BAD_INPUTS case run once: {name: (exit status, stderr, out_dir before, out_dir after)}."""
@@ -469,8 +401,7 @@ def bad_runs(tmp_path_factory, tiny_run):
         before[name] = snapshot(out_dir)
         # --max_iters=2: short, should a check be missing
         cases.append(([*TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--max_iters=2', *args], env))
-    driver = subprocess.run([sys.executable, '-c', DRIVER, json.dumps(cases)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300, env=one_thread_env())
+    driver = run_script('tests/train_cases.py', json.dumps(cases))  # torch imported once, not per case
     assert driver.returncode == 0, driver.stderr
     results = json.loads(driver.stdout)
     return {name: (*result, before[name], snapshot(root / name.replace(' ', '_')))
