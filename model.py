@@ -67,7 +67,7 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = config.n_embd
         self.qk_norm = config.qk_norm
         self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if value_embed else None # (values, table rows)
-        self.v1_lambda = nn.Parameter(torch.tensor(0.5)) if config.value_residual else None # block 0's values' weight
+        self.v1_lambda = nn.Parameter(torch.tensor([0.5])) if config.value_residual else None # 1-D: fsdp shards it
 
     def forward(self, x, *, attention=CAUSAL, rotary=None, value_embed=None, cache=None, v1=None):
         """attention: GPT.attention's; rotary: GPT.forward's (cos, sin) with pos_emb='rope'; value_embed: this layer's

@@ -52,8 +52,10 @@ def ours_from_record(weights):
             ours[prefix + 'c_attn.weight'] = torch.cat([weights[prefix + f'c_{n}.weight'] for n in 'qkv'])
         elif name == 'skip_weights':
             ours[name] = t.flip(0)
+        elif name.endswith('attn.lamb'):  # the record's scalar, ours of shape (1,), as fsdp shards only tensors
+            ours[name.replace('attn.lamb', 'attn.v1_lambda')] = t.reshape(1)
         else:
-            ours[name.replace('.lambdas', '.x0_lambdas').replace('attn.lamb', 'attn.v1_lambda')] = t
+            ours[name.replace('.lambdas', '.x0_lambdas')] = t
     return ours
 
 
@@ -66,8 +68,10 @@ def record_from_ours(tensors):
                 record[name.replace('c_attn', f'c_{n}')] = rows
         elif name == 'skip_weights':
             record[name] = t.flip(0)
+        elif name.endswith('attn.v1_lambda'):
+            record[name.replace('attn.v1_lambda', 'attn.lamb')] = t.reshape(())
         else:
-            record[name.replace('.x0_lambdas', '.lambdas').replace('attn.v1_lambda', 'attn.lamb')] = t
+            record[name.replace('.x0_lambdas', '.lambdas')] = t
     return record
 
 
