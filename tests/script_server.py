@@ -200,9 +200,9 @@ def unbuffered(stream):
 
 def exit_as_python_does(status):
     """End the child as Python's exit does, short of tearing down its modules: threads joined, atexit's handlers run,
-    stdout and stderr flushed. The teardown of torch's modules, in a forked child, writes to every page of the
-    server's objects that it touches: most of a second a run, for nothing a script can rely on (Python does not
-    promise to finalize the objects alive at exit)."""
+    stdout and stderr flushed. Tearing down torch's modules in a forked child copies every page of the server's objects
+    it touches, which takes longer than a tiny training run, for nothing a script can rely on (Python does not promise
+    to finalize the objects alive at exit)."""
     threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

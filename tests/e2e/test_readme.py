@@ -1,7 +1,7 @@
 """Every command in the ```sh blocks of README.md, then of docs/*.md, runs as written, in the pages' order, in one copy
 of the repository, as a reader would run them: with tiny-model overrides appended where it would train for long, local
-data written here, and the downloads (Tiny Shakespeare, GPT-2's BPE and weights, HellaSwag) replaced by local stand-ins, since no test
-can reach the network."""
+data written here, and the downloads (Tiny Shakespeare, GPT-2's BPE and weights, HellaSwag) replaced by local
+stand-ins (patches/offline_gpt2.py), since no test can reach the network."""
 import itertools
 import json
 import re
