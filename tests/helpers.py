@@ -147,10 +147,17 @@ def write_char_dataset(data_dir, name=DATASET, text=TEXT, vocab_size=None):
     return path
 
 
+# what torch.compile sets in the process that runs it (its cache folder, a pointer of that process): not the scripts'
+# to inherit; read at torch's start, it would make every later run a real process instead of a forked child
+SET_BY_COMPILE = ('TORCHINDUCTOR_', '_TORCHINDUCTOR_')
+STARTED_WITH = frozenset(os.environ)
+
+
 def one_thread_env(env=None):
-    """The environment of a script the tests run: this one, one thread per process (the tests share two cores, and
-    runs compared bit for bit use the same setting), and `env` over it."""
-    return {**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})}
+    """The environment of a script the tests run: this one, less what a test's torch.compile has set here, one thread
+    per process (the tests share two cores, and runs compared bit for bit use the same setting), and `env` over it."""
+    own = {k: v for k, v in os.environ.items() if k in STARTED_WITH or not k.startswith(SET_BY_COMPILE)}
+    return {**own, 'OMP_NUM_THREADS': '1', **(env or {})}
 
 
 def run_script(script, *args, env=None, timeout=300, cwd=ROOT):

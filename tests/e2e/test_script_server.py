@@ -10,7 +10,8 @@ import torch
 
 import helpers
 import script_server
-from helpers import load, logged_losses, one_thread_env, patched_env, run_torchrun, running_script_server, train
+from helpers import (load, logged_losses, one_thread_env, patched_env, run_python, run_torchrun, running_script_server,
+                     train)
 from script_server import ScriptServer
 
 SCRIPT = """
@@ -136,3 +137,15 @@ def test_the_plain_subprocess_switch_runs_train_py_as_the_server_does(tmp_path, 
     weights = [load(tmp_path / plain)['model'] for plain in runs]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
+
+
+def test_a_compile_in_the_tests_process_leaves_the_runs_forked(tmp_path, monkeypatch):
+    """torch.compile sets variables in the process that runs it, read at torch's start; the runs that follow do not
+    inherit them, and stay children of the script server rather than real processes."""
+    monkeypatch.delenv(helpers.PLAIN_SUBPROCESS, raising=False)
+    running_script_server()  # started before the compile, as in a session whose runs come before and after one
+    torch.compile(lambda x: x + 1)(torch.zeros(2))
+    (tmp_path / 'script.py').write_text('')
+    result = run_python(tmp_path / 'script.py', env=patched_env('probe'))
+    assert result.returncode == 0, result.stderr
+    assert int(re.search(r'patched; parent process (\d+)', result.stderr)[1]) != os.getpid()
