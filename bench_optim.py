@@ -12,7 +12,8 @@ $ python bench_optim.py --runs=adamw,bf16_weights,bf16_nearest --dtype=bfloat16 
 $ python bench_optim.py --runs=adamw,autocast_cache --dtype=bfloat16 --activation_checkpointing=True
 
 The modern recipes against nanoGPT's (docs/recipe.md): 'baseline' is nanoGPT's GPT-2 architecture, AdamW and cosine
-schedule; 'recipe' is the CPU-tuned recipe (recipe.RECIPES['cpu_tuned']: modern architecture, Muon,
+schedule, run at each learning rate of --baseline_lrs, whose best is the baseline every run is measured against;
+'recipe' is the CPU-tuned recipe (recipe.RECIPES['cpu_tuned']: modern architecture, Muon,
 warmup-stable-decay); 'record' is modded-nanogpt's record of 24 Nov 2024 that the speedrun presets port
 (recipe.RECIPES['record']: its architecture, initialization, optimizer groups and learning rates at this run's size,
 its schedule's shape over this run's steps); 'recipe-X' is the recipe without its
@@ -23,7 +24,8 @@ windowed at block_size (the last two's window growing over the run, to block_siz
 step and the same validation tokens, as every run then reads rows of 4 blocks and splits them into its own
 sequences. With several --seeds (each
 its own initial weights, batches and validation windows) the curves are means over the seeds, and the summary gives
-each run's final val loss and the step at which it first reaches the first run's final val loss, seed by seed.
+each run's final val loss and the step at which it first reaches the reference's final val loss, seed by seed (the
+reference: the best baseline, or the first run).
 $ python bench_optim.py --dataset=shakespeare_char --runs=ablation --seeds=1,2
 $ python bench_optim.py --dataset=shakespeare_char --runs=baseline,recipe,record --seeds=1,2
 
@@ -53,6 +55,8 @@ runs = 'adamw,muon' # comma-separated names of RUNS to compare
 eot_token = 50256 # the token between the dataset's documents (GPT-2's <|endoftext|>): recipe.LAYOUTS' doc_token
 seeds = '1337' # comma-separated; each seed's initial weights, batches and validation windows are every run's
 json_path = '' # also write the curves and the summary to this JSON file
+baseline_lrs = '1e-3,2e-3,4e-3,8e-3,1.6e-2' # 'baseline' runs at each learning_rate (min_lr in proportion); its best
+# (lowest mean final val loss) is the baseline the other runs are measured against. Empty: learning_rate only
 # train.py's keys this benchmark sets apart from train.py's defaults (for train.py's description, no comment):
 # a small model briefly trained on the CPU, 4 layers, d=128, GPT-2's vocabulary (or meta.pkl's), 128-token windows
 dataset = 'shakespeare'
@@ -99,6 +103,10 @@ config = configurator.load_config({**configurator.read_keys(__file__, base=train
                                    **{key: train_keys[key] for key in TRAIN_KEYS}}, sys.argv[1:], rules.CHOICES)
 names = run_names(config['runs'])
 seed_list = [int(seed) for seed in config['seeds'].split(',')]
+sweep = recipe.baseline_sweep(config['baseline_lrs'], config) if 'baseline' in names else {}
+if sweep: # the baseline's runs in its place, one a learning rate
+    RUNS.update(sweep)
+    names = [swept for name in names for swept in (sweep if name == 'baseline' else [name])]
 config.update(optimizer_in_backward=False, parallelism='ddp', weight_dtype='float32', init_from='scratch',
               hellaswag=False, bias=False, dropout=0.0) # one process, standard step, a model from scratch
 # the windows every run reads: `span` tokens, the longest sequence of any run, split into each run's sequences
@@ -195,20 +203,22 @@ for seed in seed_list:
         results[name][seed] = train(name, seed, val_batches)
 curves = {name: {it: mean([results[name][seed][0][it] for seed in seed_list]) for it in results[name][seed_list[0]][0]}
           for name in names} # the mean over the seeds
-# the first run's final val loss, seed by seed: the step at which each run first reaches it
-targets = {seed: results[names[0]][seed][0][max_iters] for seed in seed_list}
+finals = {name: [results[name][seed][0][max_iters] for seed in seed_list] for name in names}
+# the reference: the first run, or the baseline's best learning rate; its final val loss, seed by seed, is the
+# target whose first step each run reports
+reference = min(sweep, key=lambda name: mean(finals[name])) if sweep else names[0]
+targets = {seed: results[reference][seed][0][max_iters] for seed in seed_list}
 summary = {}
 for name in names:
-    finals = [results[name][seed][0][max_iters] for seed in seed_list]
     reached = [recipe.first_step_reaching(results[name][seed][0], targets[seed]) for seed in seed_list]
-    summary[name] = dict(final_mean=mean(finals), final_min=min(finals), final_max=max(finals), reached=reached,
-                         reached_mean=None if None in reached else mean(reached),
+    summary[name] = dict(final_mean=mean(finals[name]), final_min=min(finals[name]), final_max=max(finals[name]),
+                         reached=reached, reached_mean=None if None in reached else mean(reached),
                          ms_per_step=1000 * mean([results[name][seed][1] for seed in seed_list]))
 print(f'\n{dataset}, {n_layer} layers, d={n_embd}, vocab {vocab_size}, batch {batch_size} x {block_size}, '
       f'{max_iters} steps, lr {learning_rate:g} (muon_learning_rate {muon_learning_rate:g}), {dtype}, seeds '
       f'{seeds}, {torch.get_num_threads()} threads')
 width = max(12, *(len(name) + 2 for name in names))
-print(f"\n{'run':<{width + 2}}  final val loss (mean, min-max)  step reaching {names[0]}'s final (by seed; mean)"
+print(f"\n{'run':<{width + 2}}  final val loss (mean, min-max)  step reaching {reference}'s final (by seed; mean)"
       f"  ms/step")
 for name, row in summary.items():
     reached = ', '.join('-' if step is None else str(step) for step in row['reached'])
@@ -221,14 +231,20 @@ if json_path:
                                               for name, curve in curves.items()},
                        seeds={name: {str(seed): {str(it): loss for it, loss in result[0].items()}
                                      for seed, result in by_seed.items()} for name, by_seed in results.items()},
-                       summary=summary), f, indent=1)
+                       summary=summary, reference=reference), f, indent=1)
 print(f'\nval loss, mean over seeds {seeds}')
 print('step  ' + ''.join(f'{name:>{width}}' for name in names))
 for it in curves[names[0]]:
     print(f'{it:>4}  ' + ''.join(f'{curves[name][it]:>{width}.4f}' for name in names))
 for name in names:
     curve, step_seconds, (matrix_bytes, rest_bytes) = results[name][seed_list[0]]
-    final = summary[name]['final_mean'] / summary[names[0]]['final_mean'] - 1
+    final = summary[name]['final_mean'] / summary[reference]['final_mean'] - 1
     print(f"{name}: optimizer state {matrix_bytes + rest_bytes:,} bytes, of which the blocks' matrices "
           f"{matrix_bytes:,} and the rest {rest_bytes:,}; {summary[name]['ms_per_step']:.0f} ms a step; final val "
-          f"loss {final:+.2%} against {names[0]}'s")
+          f"loss {final:+.2%} against {reference}'s")
+if len(sweep) > 1:
+    edge = reference in (min(sweep, key=lambda name: sweep[name]['learning_rate']),
+                         max(sweep, key=lambda name: sweep[name]['learning_rate']))
+    print(f"{reference} is the baseline's best of --baseline_lrs={baseline_lrs}"
+          + (": at the sweep's edge, widen it for a fair baseline" if edge else ""))
+

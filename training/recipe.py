@@ -1,6 +1,7 @@
 """The recipes as train.py keys (docs/recipe.md): the one tuned on a CPU, and modded-nanogpt's record of 24 Nov 2024
 that the speedrun presets port (docs/record.md); nanoGPT's baseline, the CPU-tuned recipe's ablations, and the
 measure bench_optim.py compares them by: the step at which a run first reaches a loss."""
+from training.errors import ConfigError
 from training.optim import MUON_ONLY_KEYS
 from training.rules import MODERN_DEFAULTS
 
@@ -73,3 +74,20 @@ def run_keys(run, config):
 def first_step_reaching(curve, target):
     """The first step of `curve` ({step: val loss}, in step order) whose loss is at most `target`; None if none is."""
     return next((step for step, loss in curve.items() if loss <= target), None)
+
+
+def baseline_sweep(learning_rates, config):
+    """'baseline' at each of `learning_rates` (comma-separated): {'baseline@LR': its run keys}, min_lr in proportion
+    to config's min_lr / learning_rate, so that every run's schedule has the same shape; {} for ''."""
+    sweep = {}
+    for text in filter(None, (part.strip() for part in learning_rates.split(','))):
+        try:
+            lr = float(text)
+        except ValueError:
+            lr = 0.0
+        if not lr > 0:
+            raise ConfigError(f"baseline_lrs: {text!r} is not a positive learning rate: e.g. "
+                              f"--baseline_lrs=1e-3,2e-3,4e-3")
+        sweep[f'baseline@{text}'] = {**BASELINE, 'learning_rate': lr,
+                                     'min_lr': config['min_lr'] * lr / config['learning_rate']}
+    return sweep

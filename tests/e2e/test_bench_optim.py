@@ -31,26 +31,41 @@ def test_bench_optim_compares_optimizers_weight_precisions_and_the_autocast_cach
 
 
 def test_bench_optim_summarizes_the_runs_over_seeds(data_dir, tmp_path):
-    """Two seeds, two steps: each run's curve is the mean of its seeds' curves, and the baseline reaches its own
-    final loss no later than its last step; a run name out of RUNS is one line."""
+    """Two seeds, two steps: each run's curve is the mean of its seeds' curves. The baseline runs at each learning
+    rate of baseline_lrs, and the one with the lowest mean final loss is the reference: it reaches its own final loss
+    at the last step, and every run's step is measured against it. A run name out of RUNS, or a learning rate that is
+    not one, is one line."""
     # 2 layers: the recipe's value-embedding table serves a first and a last block
     args = [f'--data_dir={data_dir}', '--dataset=tiny_char', '--n_layer=2', '--n_head=2', '--n_embd=32',
             '--block_size=16', '--batch_size=4', '--max_iters=2', '--eval_interval=1', '--eval_iters=2',
             '--lr_decay_iters=2', '--warmup_iters=1', '--seeds=1,2']
     out = tmp_path / 'bench.json'
-    result = run_script('bench_optim.py', *args, '--runs=baseline,recipe,recipe-muon', f'--json_path={out}')
+    result = run_script('bench_optim.py', *args, '--runs=baseline,recipe,recipe-muon', '--baseline_lrs=1e-4,3e-2',
+                        f'--json_path={out}')
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
-    for name in ('baseline', 'recipe', 'recipe-muon'):
+    names = ('baseline@1e-4', 'baseline@3e-2', 'recipe', 'recipe-muon')
+    assert list(report['curves']) == list(names)
+    for name in names:
         by_seed = report['seeds'][name]
         assert report['curves'][name] == {step: pytest.approx((by_seed['1'][step] + by_seed['2'][step]) / 2)
                                           for step in ('0', '1', '2')}
         assert report['summary'][name]['final_mean'] == pytest.approx(report['curves'][name]['2'])
     assert report['seeds']['recipe']['1'] != report['seeds']['recipe-muon']['1']
-    assert all(step is not None and step <= 2 for step in report['summary']['baseline']['reached'])
-    assert 'step reaching baseline\'s final' in result.stdout
+    assert report['seeds']['baseline@1e-4']['1']['0'] == report['seeds']['baseline@3e-2']['1']['0']  # same init
+    # two steps at 1e-4 barely move the loss; at 3e-2 they do: the larger rate is the best of this sweep
+    assert report['reference'] == 'baseline@3e-2'
+    assert all(step is not None for step in report['summary']['baseline@3e-2']['reached'])
+    assert report['summary']['baseline@1e-4']['reached'] == [None, None]
+    assert "step reaching baseline@3e-2's final" in result.stdout
+    assert "baseline@3e-2 is the baseline's best of --baseline_lrs=1e-4,3e-2: at the sweep's edge" in result.stdout
+    result = run_script('bench_optim.py', *args, '--runs=baseline,recipe', '--baseline_lrs=', f'--json_path={out}')
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())['reference'] == 'baseline'  # an empty sweep: learning_rate alone
     result = run_script('bench_optim.py', *args, '--runs=baseline,recipe-nothing')
     assert result.returncode == 2 and "unknown run 'recipe-nothing'" in result.stderr
+    result = run_script('bench_optim.py', *args, '--runs=baseline', '--baseline_lrs=1e-3,fast')
+    assert result.returncode == 2 and "baseline_lrs: 'fast' is not a positive learning rate" in result.stderr
 
 
 def test_bench_optim_runs_the_packed_layout_on_the_same_tokens(tmp_path):

@@ -1,5 +1,8 @@
 """training/recipe.py: the runs bench_optim.py compares the recipe by, and its steps-to-a-loss measure."""
+import pytest
+
 from training import recipe
+from training.errors import ConfigError
 from training.optim import MUON_ONLY_KEYS
 from training.rules import MODERN_DEFAULTS
 
@@ -78,3 +81,14 @@ def test_the_record_sets_its_own_hyperparameters_over_the_runs_and_keeps_its_len
     assert (keys['beta1'], keys['weight_decay'], keys['grad_clip'], keys['muon_split_qkv']) == (0.8, 0.0, 0.0, True)
     assert keys['max_iters'] == 100 and keys['muon_momentum_warmup_iters'] == 50
     assert set(recipe.RECIPES['record']) - set(MODERN_DEFAULTS) >= {'optim', 'scalar_learning_rate'}
+
+
+def test_the_baseline_sweep_keeps_the_schedules_shape():
+    """Each learning rate of the sweep is a baseline run whose min_lr keeps config's ratio to learning_rate."""
+    sweep = recipe.baseline_sweep('1e-3, 4e-3', {**CONFIG, 'min_lr': 1e-4})
+    assert list(sweep) == ['baseline@1e-3', 'baseline@4e-3']
+    assert sweep['baseline@4e-3'] == {**recipe.BASELINE, 'learning_rate': 4e-3, 'min_lr': pytest.approx(4e-4)}
+    assert recipe.baseline_sweep('', CONFIG) == {}
+    for bad in ('0', '-1e-3', 'fast'):
+        with pytest.raises(ConfigError, match=f"baseline_lrs: '{bad}' is not a positive learning rate"):
+            recipe.baseline_sweep(bad, CONFIG)
