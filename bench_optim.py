@@ -56,7 +56,7 @@ eot_token = 50256 # the token between the dataset's documents (GPT-2's <|endofte
 seeds = '1337' # comma-separated; each seed's initial weights, batches and validation windows are every run's
 json_path = '' # also write the curves and the summary to this JSON file
 baseline_lrs = '1e-3,2e-3,4e-3,8e-3,1.6e-2' # 'baseline' runs at each learning_rate (min_lr in proportion); its
-                                            # best final val loss is the one runs are measured against; '': once
+                                            # best final val loss is the other runs' target ('': learning_rate alone)
 # train.py's keys this benchmark sets apart from train.py's defaults (for train.py's description, no comment):
 # a small model briefly trained on the CPU, 4 layers, d=128, GPT-2's vocabulary (or meta.pkl's), 128-token windows
 dataset = 'shakespeare'
