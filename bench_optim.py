@@ -247,4 +247,3 @@ if len(sweep) > 1:
                          max(sweep, key=lambda name: sweep[name]['learning_rate']))
     print(f"{reference} is the baseline's best of --baseline_lrs={baseline_lrs}"
           + (": at the sweep's edge, widen it for a fair baseline" if edge else ""))
-
