@@ -375,6 +375,22 @@ def test_document_attention_passes_flash_attentions_kernel_the_documents_and_win
         torch.testing.assert_close(blocked, loss_and_gradients(model, x, y))
 
 
+def test_flash_attentions_kernel_gets_autocasts_dtype_whatever_the_values_mix_in(flash_kernel):
+    """Under bf16 autocast, value_residual's and value_embeds' fp32 lambdas and qk_norm make fp32 values, queries and
+    keys: the kernel, which takes only fp16 and bf16 (its stand-in too), gets all three in bf16, forward and
+    backward, and its output is bf16 like the masked attention's."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHAPE, pos_emb='rope', qk_norm=True, value_residual=True, value_embeds=1, attn_window=6,
+                          doc_token=3), flash_kernel=True)
+    x, y = tokens_with_documents((2, 16), 1), torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        attention = model.attention(x, torch.arange(16), None, 6)
+        assert attention.kind == 'varlen' and attention.documents[1] == torch.bfloat16
+        loss, grads = loss_and_gradients(model, x, y)
+    assert loss.isfinite() and all(g.isfinite().all() for g in grads)
+    assert model.transformer.h[1].attn.v1_lambda.grad.abs() > 0  # the values' mix reaches the loss through the kernel
+
+
 @pytest.mark.parametrize('kernel', ['blocks', 'varlen'])
 def test_a_calls_attn_window_is_the_model_built_with_that_window(monkeypatch, request, kernel):
     """A window warmup's window of the moment (forward's attn_window) gives the loss and gradients of the same weights
