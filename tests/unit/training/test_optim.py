@@ -55,6 +55,27 @@ def test_in_backward_step_gives_the_standard_loops_parameters(optim_name):
     gpt_and_optimizer(optim_name, in_backward=True)[1].load_state_dict(expected)
 
 
+@pytest.mark.parametrize('optim_name, in_backward', [('adamw', False), ('muon', False), ('adamw', True)])
+def test_optimizers_built_as_on_cuda_are_torchs_fused_adamw_and_step_as_the_cpus(optim_name, in_backward):
+    """On CUDA train.py's AdamW (Muon's, for the groups that are not matrices) is torch's fused kernel, which torch
+    runs on a CPU too, with its own checks of the parameters and gradients it gets: built as on CUDA, it takes this
+    model's and its step from the same weights and gradients is the CPU loop's, up to fp32 rounding (over more steps
+    Muon's bf16 Newton-Schulz iterations would grow that rounding into bf16's)."""
+    model, optimizer = gpt_and_optimizer(optim_name, in_backward)
+    cuda_model = copy.deepcopy(model)
+    config = {**(MUON if optim_name == 'muon' else OPTIMIZER), 'optim': optim_name, 'optimizer_in_backward': in_backward}
+    cuda_optimizer = optim.build_optimizer(cuda_model, config, 'cuda')
+    assert {group.get('fused') for group in cuda_optimizer.state_dict()['param_groups'] if not group.get('muon')} \
+        == {True}
+    assert {group.get('fused') for group in optimizer.state_dict()['param_groups']} <= {None, False}
+    before = [p.detach().clone() for p in model.parameters()]
+    train_steps(cuda_model, cuda_optimizer, 1)
+    train_steps(model, optimizer, 1)
+    for a, b, initial in zip(cuda_model.parameters(), model.parameters(), before):
+        assert not torch.equal(b, initial)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)  # a step moves a weight by about lr (1e-3 to 1e-2)
+
+
 def moment_bytes(optimizer):
     state = [t for values in optimizer.state.values() for value in values.values() for t in inner_tensors(value)]
     return sum(t.nbytes for t in state if t.dim() > 0)  # not the scalar step counters
