@@ -13,7 +13,8 @@ from training.card import preset_paths
 
 # each preset's model at a CPU's scale: heads 16 wide (FlashAttention takes multiples of 8), 32-character windows
 SCALED_DOWN = ['--init_from=scratch', '--dataset=tiny_char', '--n_layer=2', '--n_head=2', '--n_embd=32',
-               '--block_size=32', '--batch_size=2', '--eval_batch_size=2', '--device=cpu', '--compile=False', '--hellaswag=False', '--wandb_log=False']
+               '--block_size=32', '--batch_size=2', '--eval_batch_size=2', '--device=cpu', '--compile=False',
+               '--hellaswag=False', '--wandb_log=False']
 # as a GPU runs them: bf16 autocast; two iterations, each evaluated, the last one checkpointed
 AS_ON_A_GPU = ['--dtype=bfloat16', '--max_iters=1', '--eval_interval=1', '--eval_iters=1', '--log_interval=1',
                '--always_save_checkpoint=True']
