@@ -45,7 +45,7 @@ class Attention(NamedTuple):
     """The attention every layer runs in one forward, chosen once by GPT.attention, and what that kind needs."""
     kind: str # 'causal' (GPT-2's), 'masked', 'window' (blocked_attention), 'varlen' (document_attention), 'cache'
     mask: torch.Tensor = None # masked: (B, 1, T, T); window: (B, n_blocks, 1, w, 2w); cache: (B or 1, 1, T, keys)
-    documents: tuple = () # varlen: (FlashAttention's kernel, cu_seqlens, longest), document_segments'
+    documents: tuple = () # varlen: (FlashAttention's kernel, its dtype, cu_seqlens, longest: document_segments')
     window: int = 0 # varlen: the sliding window (0: none)
     offset: int = 0 # cache: the position of the first new token
 
@@ -317,8 +317,9 @@ class GPT(nn.Module):
         if cache is None and doc_token < 0 and not (window and t > window):
             return CAUSAL # nothing but causality restricts attention here
         kernel = self.varlen_kernel(idx) if cache is None else None
-        if kernel is not None:
-            return Attention('varlen', documents=(kernel, *document_segments(idx, doc_token)), window=window)
+        if kernel is not None: # in the dtype varlen_kernel chose it for: value_residual's fp32 lambda makes v fp32
+            documents = (kernel, self.compute_dtype(idx.device.type), *document_segments(idx, doc_token))
+            return Attention('varlen', documents=documents, window=window)
         doc = None
         if doc_token >= 0: # a document's id: how many doc_tokens up to and including the position
             doc = (idx == doc_token).cumsum(1)
@@ -344,13 +345,17 @@ class GPT(nn.Module):
         mask = local_attention_mask(q_pos, k_pos, window, q_doc, k_doc)
         return Attention('window', mask=mask.expand(b, n, window, 2 * window).unsqueeze(2).contiguous())
 
+    def compute_dtype(self, device_type):
+        """The dtype the matrix products of a forward on `device_type` run in: autocast's, else the weights'."""
+        autocast = torch.is_autocast_enabled(device_type)
+        return torch.get_autocast_dtype(device_type) if autocast else self.lm_head.weight.dtype
+
     def varlen_kernel(self, idx):
         """FlashAttention's variable-length kernel where it runs (flash_kernel None: an Ampere or later GPU), else
         None: it needs bf16 or fp16, heads of a multiple of 8 up to 256 wide, no dropout, and a torch that has it."""
         on_cuda = self.flash_kernel if self.flash_kernel is not None else (
             idx.is_cuda and torch.cuda.get_device_capability(idx.device) >= (8, 0))
-        device = idx.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.lm_head.weight.dtype
+        dtype = self.compute_dtype(idx.device.type)
         head_size = self.config.n_embd // self.config.n_head
         heads_fit = head_size % 8 == 0 and head_size <= 256 # SDPA pads other sizes for the kernel; varlen_attn doesn't
         dropout = self.training and self.config.dropout > 0
@@ -476,9 +481,7 @@ class GPT(nn.Module):
         if use_cache and idx.size(1) <= self.config.block_size: # a longer prompt is cropped from the first step on
             # the last token sampled is never fed back: the sequence runs to t + max_new_tokens - 1 positions
             max_len = min(idx.size(1) + max_new_tokens - 1, self.config.block_size)
-            autocast = torch.is_autocast_enabled(idx.device.type) # the keys and values come in autocast's dtype
-            dtype = torch.get_autocast_dtype(idx.device.type) if autocast else self.lm_head.weight.dtype
-            cache = KVCache(self.config, idx.size(0), max_len, idx.device, dtype)
+            cache = KVCache(self.config, idx.size(0), max_len, idx.device, self.compute_dtype(idx.device.type))
         for _ in range(max_new_tokens):
             if cache is not None and idx.size(1) <= cache.max_len:
                 logits, _ = self(idx[:, cache.length:], cache=cache) # the prompt, then each new token
@@ -563,12 +566,12 @@ def document_segments(idx, doc_token):
     cu_seqlens = F.pad(starts.view(-1).nonzero().view(-1), (0, 1), value=b * t).to(torch.int32)
     return cu_seqlens, int(cu_seqlens.diff().max())
 
-def document_attention(q, k, v, varlen_attn, cu_seqlens, longest, window):
+def document_attention(q, k, v, varlen_attn, dtype, cu_seqlens, longest, window):
     """Causal attention within each document, over at most `window` positions (0: all), with FlashAttention's
-    variable-length kernel varlen_attn: only what blocked_attention's mask keeps. q, k, v (B, nh, T, hs)."""
+    variable-length kernel varlen_attn in `dtype` (GPT.compute_dtype's): only what blocked_attention's mask keeps.
+    q, k, v (B, nh, T, hs), which autocast leaves in fp32 after qk_norm's RMSNorm or value_residual's fp32 lambda."""
     B, nh, T, hs = q.shape
-    # in autocast's dtype, as SDPA casts them (qk_norm's RMSNorm may give fp32 queries and keys)
-    q, k, v = (t.transpose(1, 2).reshape(B * T, nh, hs).to(v.dtype) for t in (q, k, v))
+    q, k, v = (t.transpose(1, 2).reshape(B * T, nh, hs).to(dtype) for t in (q, k, v)) # as SDPA casts them
     y = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, window_size=(window - 1 if window else -1, 0))
     return y.view(B, T, nh, hs).transpose(1, 2)
 

@@ -1,6 +1,6 @@
 """Fixtures shared by the tests of several folders: a tiny character dataset, one thread, the estimator's configs of
-two small models and its trace made once per set of arguments, torch's FlashAttention kernel on a CPU. Helpers that
-tests import live in helpers.py."""
+two small models and its trace made once per set of arguments, torch's FlashAttention kernel on a CPU; the `cuda`
+marker's skip without a GPU. Helpers that tests import live in helpers.py."""
 import copy
 import inspect
 import json
@@ -13,6 +13,14 @@ import estimate_memory
 import flash_varlen_on_a_cpu
 from helpers import write_char_dataset
 from training.memory import estimate as em
+
+
+def pytest_collection_modifyitems(items):
+    """Tests marked `cuda` (the GPU suite, `-m cuda`) skip where torch sees no CUDA GPU."""
+    if not torch.cuda.is_available():
+        for item in items:
+            if item.get_closest_marker('cuda'):
+                item.add_marker(pytest.mark.skip(reason='needs a CUDA GPU (the GPU suite: python -m pytest -m cuda)'))
 
 
 @pytest.fixture

@@ -1,18 +1,50 @@
 """torch.nn.attention.varlen's varlen_attn on a CPU: kernels for its two operators (forward and backward) that check
 what FlashAttention's CUDA kernel checks and compute what it computes, so that the real varlen_attn (its window_size
-convention, autograd and torch.compile support) runs in the tests of model.py's document_attention.
+convention, autograd and torch.compile support) runs in the tests of model.py's document_attention, and what the GPU
+rejects is rejected here.
 
-What the CUDA kernel does, from FlashAttention's README and torch's flash_api.cpp (mha_varlen_fwd):
+What the CUDA kernel does, from FlashAttention's README and torch's flash_api.cpp (mha_varlen_fwd, mha_varlen_bwd):
 - query i of a sequence sees the keys from i + n_k - n_q - left to i + n_k - n_q + right (-1: no limit that side);
 - a left or right of max_seqlen_k or more is no limit; is_causal sets right to 0;
-- heads of a multiple of 8 up to 256 wide; q, k, v of one dtype and a contiguous last dimension; cu_seqlens int32.
-Its other input check, bf16 or fp16, is GPT.varlen_kernel's to make: here any float dtype runs, so that tests can
-compare in float64."""
+- it raises a RuntimeError unless: q, k, v (and backward's gradient) are all fp16 or all bf16, with a contiguous
+  last dimension; heads a multiple of 8 up to 256 wide; cu_seqlens int32 and contiguous.
+full_precision() lets fp32 and fp64 through too, for a test that compares the kernel with another attention to more
+digits than bf16 keeps; each use says why."""
+import contextlib
 import functools
 
 import torch
 
 import model as model_lib
+
+FLASH_DTYPES = (torch.float16, torch.bfloat16)  # the CUDA kernel's: "FlashAttention only support fp16 and bf16"
+FULL_PRECISION_DTYPES = (*FLASH_DTYPES, torch.float32, torch.float64)
+accepted_dtypes = FLASH_DTYPES  # full_precision() widens it while it lasts
+
+
+@contextlib.contextmanager
+def full_precision():
+    """The kernels also take fp32 and fp64 inside the block, which the CUDA one rejects: for comparisons only."""
+    global accepted_dtypes
+    previous, accepted_dtypes = accepted_dtypes, FULL_PRECISION_DTYPES
+    try:
+        yield
+    finally:
+        accepted_dtypes = previous
+
+
+def check(condition, message):
+    """FlashAttention's TORCH_CHECK: a RuntimeError with its message where the condition fails."""
+    if not condition:
+        raise RuntimeError(message)
+
+
+def check_inputs(*tensors):
+    """mha_varlen_fwd's and mha_varlen_bwd's checks of q, k, v (and out, its gradient): one dtype, fp16 or bf16, and
+    a contiguous last dimension."""
+    check(tensors[0].dtype in accepted_dtypes, 'FlashAttention only support fp16 and bf16 data type')
+    check(all(t.dtype == tensors[0].dtype for t in tensors), 'query, key and value must have the same dtype')
+    check(all(t.stride(-1) == 1 for t in tensors), 'Input tensor must have contiguous last dimension')
 
 
 def window_mask(n_q, n_k, max_k, is_causal, left, right):
@@ -33,11 +65,10 @@ def window_mask(n_q, n_k, max_k, is_causal, left, right):
 def sequences(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, window_size):
     """Each sequence's (query rows, key rows, mask), after mha_varlen_fwd's checks."""
     head_size = q.size(-1)
-    assert head_size % 8 == 0 and head_size <= 256, 'head_size must be a multiple of 8, at most 256'
-    assert q.dtype == k.dtype == v.dtype, 'query, key and value must have the same dtype'
-    assert cu_seq_q.dtype == cu_seq_k.dtype == torch.int32, 'cu_seqlens must have dtype int32'
-    assert cu_seq_q.is_contiguous() and cu_seq_k.is_contiguous()
-    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1, 'Input tensor must have contiguous last dimension'
+    check(head_size <= 256, 'FlashAttention forward only supports head dimension at most 256')
+    check(head_size % 8 == 0, 'query, key, value must have a head_size that is a multiple of 8')
+    check(cu_seq_q.dtype == cu_seq_k.dtype == torch.int32, 'cu_seqlens_q and cu_seqlens_k must have dtype int32')
+    check(cu_seq_q.is_contiguous() and cu_seq_k.is_contiguous(), 'cu_seqlens must be contiguous')
     assert q.dim() == k.dim() == v.dim() == 3 and q.size(1) == k.size(1) == v.size(1)
     assert cu_seq_q[-1] == q.size(0) and cu_seq_k[-1] == k.size(0) == v.size(0)
     assert cu_seq_q.diff().max() <= max_q and cu_seq_k.diff().max() <= max_k  # the kernel reads no further
@@ -55,6 +86,7 @@ def masked_scores(q, k, mask, scale):
 def forward(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, scale=None, window_size=None,
             enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
     """torch_attn::_varlen_attn's (out, lse, rng_state)."""
+    check_inputs(query, key, value)
     scale = scale or query.size(-1) ** -0.5
     wide = torch.promote_types(query.dtype, torch.float32)
     out = torch.empty_like(query)
@@ -70,6 +102,7 @@ def forward(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False
 def backward(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, rng_state,
              scale=None, window_size=None):
     """torch_attn::_varlen_attn_backward's (dq, dk, dv): softmax attention's gradients, sequence by sequence."""
+    check_inputs(query, key, value, out, grad_out)
     scale = scale or query.size(-1) ** -0.5
     wide = torch.promote_types(query.dtype, torch.float32)
     dq, dk, dv = (torch.zeros_like(t, dtype=wide) for t in (query, key, value))

@@ -1,6 +1,10 @@
 """model.py in subprocesses and under torch.compile: copied with chunked_loss.py it trains, and compiled it computes
 what eager does, through torch's FlashAttention kernel too (on CPU kernels) without compiling anew for each window; on
-a CUDA GPU, FlashAttention's variable-length kernel computes what the masked attention does."""
+a CUDA GPU (the GPU suite, `-m cuda`), FlashAttention's variable-length kernel computes what the masked attention
+does, on the speedrun preset's model with random weights within the masked attention's own bf16 error."""
+import contextlib
+import io
+import math
 import os
 import shutil
 import subprocess
@@ -10,8 +14,11 @@ import pytest
 import torch
 
 import chunked_loss
+import configurator
+import flash_varlen_on_a_cpu
 from chunked_loss import chunked_cross_entropy
 from model import GPT, GPTConfig
+from training import rules
 from helpers import (ROOT, loss_and_gradients, loss_and_grads, loss_inputs, softcap_inputs, tiny_gpt,
                      tokens_with_documents)
 
@@ -113,9 +120,16 @@ def test_compiled_chunk_body_has_no_graph_breaks_and_one_graph_serves_every_chun
 
 # FlashAttention's variable-length kernel, which attn_window and doc_token run on an Ampere or later GPU in bf16:
 # compiled, here on the CPU kernels of flash_varlen_on_a_cpu.py; against attention under the mask, eager and compiled,
-# with a window warmup's windows, on a CUDA GPU only (skipped elsewhere)
-needs_ampere = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0),
-                                  reason='needs an Ampere or later CUDA GPU (FlashAttention\'s variable-length kernel)')
+# with a window warmup's windows, on a CUDA GPU only (the GPU suite, `-m cuda`: skipped elsewhere)
+AMPERE = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+
+
+def needs_ampere(test):
+    """A test of the GPU suite that runs FlashAttention's variable-length kernel: on an Ampere or later GPU."""
+    reason = 'needs an Ampere or later CUDA GPU (FlashAttention\'s variable-length kernel)'
+    return pytest.mark.cuda(pytest.mark.skipif(not AMPERE, reason=reason)(test))
+
+
 PACKED_GPT = dict(n_layer=2, n_head=4, n_embd=256, block_size=512, vocab_size=512, bias=False, pos_emb='rope',
                   qk_norm=True, attn_window=128, doc_token=3)
 
@@ -189,3 +203,72 @@ def test_compiled_flash_varlen_kernel_follows_a_growing_window():
     x, y = packed_tokens(1), packed_tokens(2)
     for window in (32, 64, 96, 128):
         assert_bf16_close(bf16_loss_and_grads(compiled, x, y, window), bf16_loss_and_grads(model, x, y, window))
+
+
+# The speedrun preset's model (config/speedrun_gpt2_12gb.py's keys: value_residual, qk_norm, x0_shortcut, U-net skips,
+# soft-capped logits...), scaled down, with every weight random: zero_init_proj's zero head would make the loss ln(V)
+# and every gradient below it zero, whatever attention computes. The kernel under bf16 autocast against the masked
+# attention in fp32 may be off by as much as the masked attention under the same bf16 autocast is, a few times over.
+SPEEDRUN_SCALED_DOWN = ['--n_layer=4', '--n_head=4', '--n_embd=256', '--block_size=512', '--attn_window=16',
+                        '--doc_token=3', '--init_from=scratch', '--hellaswag=False']
+BF16_NOISE_FACTOR = 3  # FlashAttention rounds differently from the masked kernel (P in bf16), not worse by more
+BF16_NOISE_FLOOR = 1e-3  # for a tensor that bf16 happens to round little
+
+
+def speedrun_model(device, flash_kernel):
+    """The scaled-down speedrun preset's GPT on `device` (vocabulary 512), its weights random: matrices at
+    1/sqrt(fan-in), the lambdas and gains their initial values moved by N(0, 0.1)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        config = configurator.load_config(configurator.train_keys(), [str(ROOT / 'config' / 'speedrun_gpt2_12gb.py'),
+                                                                      *SPEEDRUN_SCALED_DOWN])
+        model_args, _ = rules.model_args(config, 512)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**model_args), flash_kernel=flash_kernel)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * p.size(-1) ** -0.5 if p.dim() >= 2 else p + 0.1 * torch.randn_like(p))
+    return model.to(device)
+
+
+def relative_errors(results, reference):
+    """||a - b|| / ||b|| of the loss and of each gradient, in fp32; block 0's value_residual lambda, which mixes
+    its values with themselves (its gradient is 0), left out."""
+    pairs = zip([results[0], *results[1]], [reference[0], *reference[1]])
+    return [((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in pairs if b.norm() > 0]
+
+
+def assert_kernel_within_bf16_noise(device, flash_kernel):
+    """The speedrun model's loss and gradients through FlashAttention's kernel under bf16 autocast, against the
+    masked attention's in fp32: each within BF16_NOISE_FACTOR times the masked attention's own bf16 error."""
+    model = speedrun_model(device, flash_kernel)
+    x, y = (tokens_with_documents((2, 512), seed, every=97).to(device) for seed in (1, 2))
+    with torch.autocast(device, dtype=torch.bfloat16):
+        assert model.attention(x, torch.arange(512, device=device), None, 16).kind == 'varlen'
+        kernel = loss_and_gradients(model, x, y)
+    model.flash_kernel = False  # the same weights through blocked_attention
+    reference = loss_and_gradients(model, x, y)
+    assert abs(reference[0].item() - math.log(512)) > 0.1 and sum(g.norm() > 0 for g in reference[1]) == \
+        len(reference[1]) - 1  # all but block 0's value_residual lambda
+    with torch.autocast(device, dtype=torch.bfloat16):
+        noise = relative_errors(loss_and_gradients(model, x, y), reference)
+    for error, bf16 in zip(relative_errors(kernel, reference), noise):
+        assert error <= BF16_NOISE_FACTOR * bf16 + BF16_NOISE_FLOOR, (error, bf16)
+
+
+@needs_ampere
+def test_flash_varlen_kernel_computes_the_speedrun_models_masked_attention_within_bf16_noise():
+    assert_kernel_within_bf16_noise('cuda', None)
+
+
+def test_the_kernels_stand_in_computes_the_speedrun_models_masked_attention_within_bf16_noise(flash_kernel):
+    """The GPU test above on the CPU stand-in: the tolerance holds where the kernel is right."""
+    assert_kernel_within_bf16_noise('cpu', True)
+
+
+def test_a_window_one_key_too_wide_is_beyond_bf16_noise(flash_kernel, monkeypatch):
+    """The tolerance catches a kernel that lets each query see one key more than its window."""
+    window_mask = flash_varlen_on_a_cpu.window_mask
+    monkeypatch.setattr(flash_varlen_on_a_cpu, 'window_mask', lambda n_q, n_k, max_k, is_causal, left, right:
+                        window_mask(n_q, n_k, max_k, is_causal, left + 1 if left >= 0 else left, right))
+    with pytest.raises(AssertionError):
+        assert_kernel_within_bf16_noise('cpu', True)

@@ -11,7 +11,6 @@ import subprocess
 
 import numpy as np
 import pytest
-import torch
 
 from helpers import ROOT, TEXT, patched_env, run_script, run_torchrun
 
@@ -59,7 +58,10 @@ def with_overrides(command):
             continue
         words = shlex.split(part)
         script = next(word for word in words if word.endswith('.py'))
-        parts.append([*words, *APPENDED[script]])
+        appended = APPENDED[script]
+        if any(flag in part for flag in CUDA_ONLY):  # on the GPU, in its default dtype
+            appended = [word for word in appended if word not in ('--device=cpu', '--dtype=float32')]
+        parts.append([*words, *appended])
     return parts
 
 
@@ -88,12 +90,11 @@ def repository(tmp_path_factory):
     return copy
 
 
-@pytest.mark.parametrize('command', readme_commands())
+@pytest.mark.parametrize('command', [pytest.param(command, marks=pytest.mark.cuda if any(
+    flag in command for flag in CUDA_ONLY) else ()) for command in readme_commands()])
 def test_readme_command_runs_as_written(repository, command):
     if not with_overrides(command):
         pytest.skip(f'{command}: an install, or this test suite')
-    if any(flag in command for flag in CUDA_ONLY) and not torch.cuda.is_available():
-        pytest.skip(f'{command}: CUDA only')
     # GPT-2's BPE and weights in every process: patches/offline_gpt2.py; nanoGPT's train_gpt2.py logs to wandb
     env = {**patched_env('offline_gpt2'), 'WANDB_MODE': 'disabled'}
     for words in with_overrides(command):

@@ -1,6 +1,10 @@
-"""GPT.varlen_kernel picks torch's varlen_attn, FlashAttention's variable-length kernel, on the CPU kernels of
-flash_varlen_on_a_cpu.py, as on an Ampere GPU; at exit, `flash kernel calls: N` on stderr counts its forward calls."""
+"""FlashAttention's variable-length kernel as on an Ampere GPU, on the CPU kernels of flash_varlen_on_a_cpu.py, which
+refuse what the CUDA one refuses: GPT is built with flash_kernel=True, so GPT.varlen_kernel picks torch's varlen_attn
+where it would on CUDA (bf16 or fp16, heads it takes, no dropout). At exit, `flash kernel calls: N` on stderr counts
+its forward calls. FLASH_FULL_PRECISION=1: the kernel runs in fp32 and fp64 too, which GPT.varlen_kernel and the CUDA
+kernel refuse (flash_varlen_on_a_cpu.full_precision), for a run compared with another to more digits than bf16 keeps."""
 import atexit
+import os
 import sys
 
 import flash_varlen_on_a_cpu as flash
@@ -9,5 +13,10 @@ import model
 kernel_forward, calls = flash.forward, []
 flash.forward = lambda *args, **kwargs: calls.append(1) or kernel_forward(*args, **kwargs)
 kernel = flash.varlen_attn()
-model.GPT.varlen_kernel = lambda self, idx: kernel
+build = model.GPT.__init__
+model.GPT.__init__ = lambda self, config, flash_kernel=True, **options: build(self, config, flash_kernel=flash_kernel,
+                                                                              **options)
+if os.environ.get('FLASH_FULL_PRECISION') == '1':
+    model.GPT.varlen_kernel = lambda self, idx: kernel
+    flash.accepted_dtypes = flash.FULL_PRECISION_DTYPES  # full_precision() for the whole run
 atexit.register(lambda: print(f'flash kernel calls: {len(calls)}', file=sys.stderr))

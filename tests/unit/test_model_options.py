@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import flash_varlen_on_a_cpu
 import model as model_lib
 from chunked_loss import chunked_cross_entropy
 from helpers import ROOT, loss_and_gradients, softcap_inputs, tokens_with_documents
@@ -370,7 +371,24 @@ def test_document_attention_passes_flash_attentions_kernel_the_documents_and_win
     x, y = tokens_with_documents((3, 16), 1), torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(2))
     blocked = loss_and_gradients(model, x, y)
     monkeypatch.setattr(GPT, 'varlen_kernel', lambda self, idx: flash_kernel)
-    torch.testing.assert_close(blocked, loss_and_gradients(model, x, y))
+    with flash_varlen_on_a_cpu.full_precision():  # in fp64: a key let in or out shows above rounding
+        torch.testing.assert_close(blocked, loss_and_gradients(model, x, y))
+
+
+def test_flash_attentions_kernel_gets_autocasts_dtype_whatever_the_values_mix_in(flash_kernel):
+    """Under bf16 autocast, value_residual's and value_embeds' fp32 lambdas and qk_norm make fp32 values, queries and
+    keys: the kernel, which takes only fp16 and bf16 (its stand-in too), gets all three in bf16, forward and
+    backward, and its output is bf16 like the masked attention's."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHAPE, pos_emb='rope', qk_norm=True, value_residual=True, value_embeds=1, attn_window=6,
+                          doc_token=3), flash_kernel=True)
+    x, y = tokens_with_documents((2, 16), 1), torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        attention = model.attention(x, torch.arange(16), None, 6)
+        assert attention.kind == 'varlen' and attention.documents[1] == torch.bfloat16
+        loss, grads = loss_and_gradients(model, x, y)
+    assert loss.isfinite() and all(g.isfinite().all() for g in grads)
+    assert model.transformer.h[1].attn.v1_lambda.grad.abs() > 0  # the values' mix reaches the loss through the kernel
 
 
 @pytest.mark.parametrize('kernel', ['blocks', 'varlen'])
@@ -385,8 +403,9 @@ def test_a_calls_attn_window_is_the_model_built_with_that_window(monkeypatch, re
                     for window in (8, 3))
     narrow.load_state_dict(wide.state_dict())
     x, y = tokens_with_documents((3, 16), 1, every=9), torch.randint(0, 50, (3, 16))
-    torch.testing.assert_close(loss_and_gradients(wide, x, y, attn_window=3), loss_and_gradients(narrow, x, y))
-    assert loss_and_gradients(wide, x, y)[0] != loss_and_gradients(narrow, x, y)[0]  # None: the model's own 8
+    with flash_varlen_on_a_cpu.full_precision():  # in fp64: the two models' results agree to rounding, not to bf16's
+        torch.testing.assert_close(loss_and_gradients(wide, x, y, attn_window=3), loss_and_gradients(narrow, x, y))
+        assert loss_and_gradients(wide, x, y)[0] != loss_and_gradients(narrow, x, y)[0]  # None: the model's own 8
 
 
 def test_flash_attentions_kernel_runs_where_it_can(flash_kernel):

@@ -26,13 +26,13 @@ OPTIMIZER = dict(learning_rate=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.95, we
 MUON = dict(OPTIMIZER, optim='muon', learning_rate=1e-3, muon_learning_rate=0.02, muon_momentum=0.95)
 
 
-def gpt_and_optimizer(optim_name='adamw', in_backward=False):
+def gpt_and_optimizer(optim_name='adamw', in_backward=False, device_type='cpu'):
     """A 2-layer GPT whose weight matrices all have >= 4096 elements (torchao quantizes those), and train.py's
-    optimizer of it; with biases under Muon, so the blocks hold 1-D parameters too."""
+    optimizer of it, built as on `device_type`; with biases under Muon, so the blocks hold 1-D parameters too."""
     model = tiny_gpt(n_embd=64, vocab_size=96, bias=optim_name == 'muon')
     config = {**(MUON if optim_name == 'muon' else OPTIMIZER), 'optim': optim_name,
               'optimizer_in_backward': in_backward}
-    return model, optim.build_optimizer(model, config, 'cpu')
+    return model, optim.build_optimizer(model, config, device_type)
 
 
 @pytest.mark.parametrize('optim_name', ['adamw', 'muon'])
@@ -53,6 +53,25 @@ def test_in_backward_step_gives_the_standard_loops_parameters(optim_name):
             torch.testing.assert_close(saved['state'][index][key], value, rtol=0, atol=1e-7)
     gpt_and_optimizer(optim_name)[1].load_state_dict(saved)
     gpt_and_optimizer(optim_name, in_backward=True)[1].load_state_dict(expected)
+
+
+@pytest.mark.parametrize('optim_name, in_backward', [('adamw', False), ('muon', False), ('adamw', True)])
+def test_optimizers_built_as_on_cuda_are_torchs_fused_adamw_and_step_as_the_cpus(optim_name, in_backward):
+    """On CUDA train.py's AdamW (Muon's, for the groups that are not matrices) is torch's fused kernel, which torch
+    runs on a CPU too, with its own checks of the parameters and gradients it gets: built as on CUDA, it takes this
+    model's and its step from the same weights and gradients is the CPU loop's, up to fp32 rounding (over more steps
+    Muon's bf16 Newton-Schulz iterations would grow that rounding into bf16's)."""
+    model, optimizer = gpt_and_optimizer(optim_name, in_backward)
+    cuda_model, cuda_optimizer = gpt_and_optimizer(optim_name, in_backward, 'cuda')  # the same seeded weights
+    assert {group.get('fused') for group in cuda_optimizer.state_dict()['param_groups'] if not group.get('muon')} \
+        == {True}
+    assert {group.get('fused') for group in optimizer.state_dict()['param_groups']} <= {None, False}
+    before = [p.detach().clone() for p in model.parameters()]
+    train_steps(cuda_model, cuda_optimizer, 1)
+    train_steps(model, optimizer, 1)
+    for a, b, initial in zip(cuda_model.parameters(), model.parameters(), before):
+        assert not torch.equal(b, initial)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)  # a step moves a weight by about lr (1e-3 to 1e-2)
 
 
 def moment_bytes(optimizer):
