@@ -54,7 +54,10 @@ class NanoGPTForCausalLM(PreTrainedModel, GenerationMixin):
         labels[:, 1:] (-100: ignored), as transformers' causal LMs compute it. attention_mask: 0 at padding, which
         no position attends to, on either side: a row's logits are those it has alone. kwargs: transformers' other
         arguments (Trainer's num_items_in_batch reaches the loss); there is no cache (past_key_values)."""
-        logits = all_position_logits(self.gpt, input_ids, row_positions(attention_mask))
+        positions = row_positions(attention_mask)
+        if positions is not None:  # padding's ids are never seen: any, one past the vocabulary too (an added <|pad|>)
+            input_ids = input_ids.masked_fill(positions < 0, 0)
+        logits = all_position_logits(self.gpt, input_ids, positions)
         loss = None if labels is None else self.loss_function(logits, labels, self.config.vocab_size, **kwargs)
         return CausalLMOutput(loss=loss, logits=logits)
 

@@ -158,7 +158,7 @@ def test_a_padded_batch_generates_each_prompts_own_tokens(tmp_path):
     attention_mask (generate makes one from pad_token_id, which also masks the prompts' own newlines, as for
     GPT2LMHeadModel), or with the tokenizer's mask: each row gets the tokens its prompt gets alone, with or without
     use_cache, past block_size too; with the mask, those are GPT.generate's. The logits of a padded batch's tokens,
-    left or right, are those of each row alone."""
+    left or right, are those of each row alone, whatever the padding's ids."""
     data = write_char_dataset(tmp_path / 'data')
     model = trained_like_gpt(0, **preset_args())
     write_checkpoint(tmp_path / 'out', model)
@@ -175,6 +175,9 @@ def test_a_padded_batch_generates_each_prompts_own_tokens(tmp_path):
             tokenizer.padding_side = side
             batch = tokenizer(prompts, return_tensors='pt', padding=True)
             logits = theirs(**batch).logits
+            # padding's ids are never seen, even one past the vocabulary (a tokenizer's added <|pad|>)
+            past_vocabulary = batch.input_ids.masked_fill(batch.attention_mask == 0, ARGS['vocab_size'])
+            assert torch.equal(theirs(past_vocabulary, attention_mask=batch.attention_mask).logits, logits)
             for row, mask, ids in zip(logits, batch.attention_mask, alone):
                 torch.testing.assert_close(row[mask.bool()], theirs(ids).logits[0], atol=1e-5, rtol=0)
         tokenizer.padding_side = 'left'
