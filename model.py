@@ -313,7 +313,7 @@ class GPT(nn.Module):
 
     def attention(self, idx, pos, cache, window):
         """The Attention every layer runs in this forward, chosen once from what causality, the sliding `window`
-        (forward's attn_window), doc_token and the cache let each position see."""
+        (forward's attn_window), doc_token, the cache and padding (pos: forward's positions) let each position see."""
         doc_token = self.config.doc_token
         b, t = idx.size()
         padded = pos.dim() == 2 # forward's positions: per row, with padding (in a mask of every query and key)
