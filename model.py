@@ -254,26 +254,28 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx, targets=None, reduction='mean', cache=None, attn_window=None):
+    def forward(self, idx, targets=None, reduction='mean', cache=None, attn_window=None, positions=None):
         """With targets: (None, the mean cross-entropy over targets != -1), from loss_fn without the (B, T, vocab)
         logits, which nanoGPT returned here unused; reduction='none' (no gradients): the (B, T) losses, 0 where
         targets are -1. Without targets: (logits of the last position (B, 1, vocab), None), as nanoGPT does.
         cache (a KVCache, for inference): idx are the tokens that follow the cache.length ones already in it.
-        attn_window: this call's sliding window (train.py's attn_window_warmup_iters); None: config.attn_window."""
+        attn_window: this call's sliding window (train.py's attn_window_warmup_iters); None: config.attn_window.
+        positions (b, t): each token's in its own row, -1 at padding, which no token attends to; None: 0, 1, ..."""
         device = idx.device
         b, t = idx.size()
         offset = 0 if cache is None else cache.length
         assert offset + t <= self.config.block_size, f"Cannot forward sequence of length {offset + t}, block size is only {self.config.block_size}"
-        pos = torch.arange(offset, offset + t, dtype=torch.long, device=device) # shape (t)
+        assert positions is None or cache is None, "padded rows (positions) run without a cache"
+        pos = torch.arange(offset, offset + t, dtype=torch.long, device=device) if positions is None else positions
 
         # forward the GPT model itself
         tok_emb = self.transformer.wte(idx) # token embeddings of shape (b, t, n_embd)
         rotary = None
         if self.transformer.wpe is not None:
-            pos_emb = self.transformer.wpe(pos) # position embeddings of shape (t, n_embd)
+            pos_emb = self.transformer.wpe(pos.clamp(min=0)) # position embeddings of shape (t or (b, t), n_embd)
             x = self.transformer.drop(tok_emb + pos_emb)
         else: # pos_emb='rope': the positions are rotations of each attention's queries and keys
-            rotary = rotary_cos_sin(pos, self.config.n_embd // self.config.n_head)
+            rotary = rotary_cos_sin(pos if pos.dim() == 1 else pos[:, None], self.config.n_embd // self.config.n_head)
             x = self.transformer.drop(tok_emb)
         attention = self.attention(idx, pos, cache, self.config.attn_window if attn_window is None else attn_window)
         x = F.rms_norm(x, x.shape[-1:]) if self.config.embed_norm else x # embed_norm: RMS 1 (GPT-2's init: 0.02)
@@ -311,28 +313,31 @@ class GPT(nn.Module):
 
     def attention(self, idx, pos, cache, window):
         """The Attention every layer runs in this forward, chosen once from what causality, the sliding `window`
-        (forward's attn_window), doc_token and the cache let each position see."""
+        (forward's attn_window), doc_token, the cache and padding (pos: forward's positions) let each position see."""
         doc_token = self.config.doc_token
         b, t = idx.size()
-        if cache is None and doc_token < 0 and not (window and t > window):
+        padded = pos.dim() == 2 # forward's positions: per row, with padding (in a mask of every query and key)
+        if cache is None and doc_token < 0 and not (window and t > window) and not padded:
             return CAUSAL # nothing but causality restricts attention here
-        kernel = self.varlen_kernel(idx) if cache is None else None
+        kernel = self.varlen_kernel(idx) if cache is None and not padded else None
         if kernel is not None: # in the dtype varlen_kernel chose it for: value_residual's fp32 lambda makes v fp32
             documents = (kernel, self.compute_dtype(idx.device.type), *document_segments(idx, doc_token))
             return Attention('varlen', documents=documents, window=window)
         doc = None
         if doc_token >= 0: # a document's id: how many doc_tokens up to and including the position
-            doc = (idx == doc_token).cumsum(1)
+            doc = ((idx == doc_token) & (pos >= 0)).cumsum(1) # padding is in no document's count
             if cache is not None:
                 if cache.length:
                     doc = doc + cache.docs[:, cache.length - 1:cache.length]
                 cache.docs[:, cache.length:cache.length + t] = doc
-        if cache is not None or not window: # a mask of every query against every key: the cached ones too
+        if cache is not None or not window or padded: # a mask of every query against every key: the cached ones too
             keys, k_doc = pos, doc
             if cache is not None:
                 keys = torch.arange(cache.length + t, device=idx.device)
                 k_doc = None if doc is None else cache.docs[:, :cache.length + t]
             mask = local_attention_mask(pos, keys, window, doc, k_doc).unsqueeze(-3) # (B or 1, 1, t, keys)
+            if padded: # a padding query attends to itself alone: no row of the mask empty (SDPA's NaN)
+                mask = mask | torch.eye(t, dtype=torch.bool, device=idx.device)
             return Attention('masked', mask=mask) if cache is None else Attention('cache', mask, offset=cache.length)
         n = -(-t // window) # blocks of `window` queries, the last one padded; each sees its block and the one before
         q_pos = torch.arange(n * window, device=idx.device).view(n, window)
@@ -576,15 +581,16 @@ def document_attention(q, k, v, varlen_attn, dtype, cu_seqlens, longest, window)
     return y.view(B, T, nh, hs).transpose(1, 2)
 
 def rotary_cos_sin(pos, head_size, base=10000.0):
-    """The rotary embedding's (cos, sin) for positions `pos` (t,): each (t, head_size / 2), pair i of a head turning
-    at base**(-2i / head_size) radians a position (RoFormer; modded-nanogpt's frequencies to the bit). In fp32 from
-    `pos` on every forward: cheap, no buffer for weight_dtype to cast, and any positions (a cache's offset) work."""
+    """The rotary embedding's (cos, sin) for positions `pos` (..., t): each (..., t, head_size / 2), a head's pair i
+    turning at base**(-2i / head_size) radians a position (RoFormer; modded-nanogpt's frequencies to the bit). In
+    fp32 from `pos` on every forward: cheap, no buffer for weight_dtype to cast, and any positions (a cache's) work."""
     inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2, dtype=torch.float32, device=pos.device) / head_size)
-    angles = torch.outer(pos.to(torch.float32), inv_freq)
+    angles = pos.to(torch.float32)[..., None] * inv_freq
     return angles.cos(), angles.sin()
 
 def apply_rotary(x, cos, sin):
-    """x (B, nh, T, hs) with the pairs (x[..., i], x[..., i + hs/2]) rotated by the angles of cos, sin (T, hs/2)."""
+    """x (B, nh, T, hs) with the pairs (x[..., i], x[..., i + hs/2]) rotated by the angles of cos, sin (T, hs/2), or
+    (B, 1, T, hs/2) for each row's own positions."""
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)

@@ -1,9 +1,11 @@
 """export_hf.py in a subprocess: a character model's tokenizer is its dataset's, one without its meta.pkl is
 refused before writing, train.py finetunes from the export, and a speedrun-architecture model goes to transformers
-with its own modeling code, through lm-evaluation-harness, and back."""
+with its own modeling code, through lm-evaluation-harness (scoring, and generating in left-padded batches), and
+back."""
 import importlib.util
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -102,25 +104,36 @@ metric_list:
     higher_is_better: false
 """
 # the harness moves a context's trailing spaces to the continuation: here none has any
-LINES = [dict(context='First', continuation=' Citizen:'), dict(context='All:', continuation='\nSpeak,')]
+LINES = [dict(context='First', continuation=' Citizen:'), dict(context='All:', continuation='\nSpeak,'),
+         dict(context='Yo', continuation='u are')]
 
 
-@pytest.mark.skipif(importlib.util.find_spec('lm_eval') is None, reason='lm-evaluation-harness is not installed '
-                                                                         '(pip install -r requirements-dev.txt)')
+LM_EVAL_MISSING = 'lm-evaluation-harness is not installed (pip install -r requirements-dev.txt)'
+needs_lm_eval = pytest.mark.skipif(importlib.util.find_spec('lm_eval') is None, reason=LM_EVAL_MISSING)
+
+
+def run_lm_eval(hf_dir, task, tmp_path, *options, model_args=''):
+    """lm_eval's command, offline, on `task` (a task's YAML) over LINES, with more `options` and `model_args` (',...'):
+    the results' folder."""
+    (tmp_path / 'lines.jsonl').write_text(''.join(json.dumps(line) + '\n' for line in LINES))
+    (tmp_path / 'tasks').mkdir()
+    (tmp_path / 'tasks' / 'tiny.yaml').write_text(task.format(data=tmp_path / 'lines.jsonl'))
+    result = run_python('-m', 'lm_eval', '--model', 'hf', '--model_args',
+                        f'pretrained={hf_dir},trust_remote_code=True{model_args}', '--tasks', 'tiny_shakespeare_lines',
+                        '--include_path', tmp_path / 'tasks', '--device', 'cpu',
+                        *options, '--output_path', tmp_path / 'results', cwd=tmp_path,
+                        env={'HF_HOME': str(tmp_path / 'hf_home'), 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1'})
+    assert result.returncode == 0, result.stderr
+    return tmp_path / 'results'
+
+
+@needs_lm_eval
 def test_lm_eval_scores_an_export(speedrun_export, tmp_path):
     """lm_eval's command on a local task, offline: its perplexity is the one of our GPT's log-likelihoods."""
     _, out_dir, hf_dir, _ = speedrun_export
-    (tmp_path / 'lines.jsonl').write_text(''.join(json.dumps(line) + '\n' for line in LINES))
-    (tmp_path / 'tasks').mkdir()
-    (tmp_path / 'tasks' / 'tiny.yaml').write_text(TASK.format(data=tmp_path / 'lines.jsonl'))
     # a character vocabulary has no <|endoftext|> for the harness to put before an empty context: any token does
-    result = run_python('-m', 'lm_eval', '--model', 'hf', '--model_args',
-                        f'pretrained={hf_dir},trust_remote_code=True,prefix_token_id=0', '--tasks',
-                        'tiny_shakespeare_lines', '--include_path', tmp_path / 'tasks', '--device', 'cpu',
-                        '--batch_size', '1', '--output_path', tmp_path / 'results', cwd=tmp_path,
-                        env={'HF_HOME': str(tmp_path / 'hf_home'), 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1'})
-    assert result.returncode == 0, result.stderr
-    results, = (tmp_path / 'results').rglob('results_*.json')
+    results = run_lm_eval(hf_dir, TASK, tmp_path, '--batch_size', '1', model_args=',prefix_token_id=0')
+    results, = results.rglob('results_*.json')
     perplexity = json.loads(results.read_text())['results']['tiny_shakespeare_lines']['perplexity,none']
     ours, _ = load_model('resume', str(out_dir), 'cpu')
     stoi = load_meta(str(speedrun_export[0] / 'data' / 'tiny_char' / 'meta.pkl'))['stoi']
@@ -131,3 +144,42 @@ def test_lm_eval_scores_an_export(speedrun_export, tmp_path):
             _, losses = ours(ids[:, :-1], targets=ids[:, 1:], reduction='none')
             likelihoods.append(-losses[0, -len(line['continuation']):].sum().item())
     assert math.log(perplexity) == pytest.approx(-sum(likelihoods) / len(likelihoods), abs=1e-4)
+
+
+GENERATE_TASK = TASK.split('output_type')[0] + """output_type: generate_until
+doc_to_text: "{{{{context}}}}"
+doc_to_target: "{{{{continuation}}}}"
+generation_kwargs:
+  until: ["z"]
+  do_sample: false
+  max_gen_toks: 8
+metric_list:
+  - metric: exact_match
+"""
+
+
+@needs_lm_eval
+def test_lm_eval_generates_with_an_export_in_left_padded_batches(speedrun_export, tmp_path):
+    """A generation task, its contexts of different lengths in one batch (left-padded by the harness): each
+    continuation is our GPT's greedy one for its context alone, up to the first stop string."""
+    tmp, out_dir, hf_dir, _ = speedrun_export
+    # the harness's generation needs the tokenizer's end of text, which a character vocabulary lacks: one added to the
+    # tokenizer (an id past the model's vocabulary) is also the harness's padding
+    shutil.copytree(hf_dir, tmp_path / 'hf')
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / 'hf', trust_remote_code=True)
+    tokenizer.add_special_tokens({'eos_token': '<|endoftext|>'})
+    tokenizer.save_pretrained(tmp_path / 'hf')
+    results = run_lm_eval(tmp_path / 'hf', GENERATE_TASK, tmp_path, '--batch_size', str(len(LINES)), '--log_samples')
+    samples, = results.rglob('samples_*.jsonl')
+    continuations = {json.loads(line)['doc']['context']: json.loads(line)['resps'][0][0]
+                     for line in samples.read_text().splitlines()}
+    ours, _ = load_model('resume', str(out_dir), 'cpu')
+    stoi = load_meta(str(tmp / 'data' / 'tiny_char' / 'meta.pkl'))['stoi']
+    itos = {i: c for c, i in stoi.items()}
+    for line in LINES:
+        ids = torch.tensor([[stoi[c] for c in line['context']]])
+        with torch.no_grad():
+            greedy = ''.join(itos[i] for i in ours.generate(ids, 8, top_k=1)[0, ids.shape[1]:].tolist())
+        assert continuations[line['context']] == greedy.split('z')[0], line
+    assert len(set(continuations.values())) == len(LINES)  # three continuations, not one

@@ -125,12 +125,11 @@ def test_an_export_computes_the_loss_generates_past_its_block_and_tokenizes(tmp_
         targets = torch.where(labels[:, 1:] == -100, -1, labels[:, 1:])
         _, loss = model(idx[:, :-1], targets=targets)
         torch.testing.assert_close(theirs(idx, labels=labels).loss, loss, atol=1e-5, rtol=0)
-        # right padding leaves the positions before it as they are; left padding would shift them: refused
+        # right padding leaves the positions before it as they are (left padding: below)
         mask = torch.ones_like(idx)
         mask[:, -2:] = 0
-        torch.testing.assert_close(theirs(idx, attention_mask=mask).logits, theirs(idx).logits, atol=0, rtol=0)
-        with pytest.raises(ValueError, match='pad sequences on the right'):
-            theirs(idx, attention_mask=mask.flip(1))
+        torch.testing.assert_close(theirs(idx, attention_mask=mask).logits[:, :-2], theirs(idx).logits[:, :-2],
+                                   atol=1e-5, rtol=0)
         # past block_size, generation runs on the last block_size tokens, as GPT.generate does
         prompt = idx[:1, :6]
         greedy = theirs.generate(prompt, max_new_tokens=20, do_sample=False)
@@ -139,6 +138,59 @@ def test_an_export_computes_the_loss_generates_past_its_block_and_tokenizes(tmp_
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / 'hf', trust_remote_code=True)
     stoi = load_meta(str(data / 'meta.pkl'))['stoi']
     assert tokenizer.encode(TEXT[:40]) == [stoi[c] for c in TEXT[:40]]
+
+
+PRESET = ROOT / 'config' / 'speedrun_gpt2_12gb.py'
+
+
+def preset_args():
+    """GPTConfig's arguments of the 12 GB speedrun preset (the record's architecture) as train.py builds them, scaled
+    down: its depth and heads, 48 wide, on rows of 32 characters whose newline (id 0) starts each document, a window
+    of 8; three value-embedding tables (the 4 Jan 2025 record's) where the preset has none."""
+    config = configurator.load_config(configurator.train_keys(), [str(PRESET)])
+    config.update(n_embd=48, block_size=32, attn_window=8, doc_token=0, value_embeds=config['value_embeds'] or 3,
+                  hellaswag=False)
+    return rules.model_args(config, ARGS['vocab_size'])[0]
+
+
+def test_a_padded_batch_generates_each_prompts_own_tokens(tmp_path):
+    """transformers' generate on a batch of prompts of different lengths, left-padded with the newline (id 0) and no
+    attention_mask (generate makes one from pad_token_id, which also masks the prompts' own newlines, as for
+    GPT2LMHeadModel), or with the tokenizer's mask: each row gets the tokens its prompt gets alone, with or without
+    use_cache, past block_size too; with the mask, those are GPT.generate's. The logits of a padded batch's tokens,
+    left or right, are those of each row alone, whatever the padding's ids."""
+    data = write_char_dataset(tmp_path / 'data')
+    model = trained_like_gpt(0, **preset_args())
+    write_checkpoint(tmp_path / 'out', model)
+    export(tmp_path / 'out', tmp_path / 'hf', str(data / 'meta.pkl'))
+    theirs = load_export(tmp_path / 'hf')
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / 'hf', trust_remote_code=True)
+    tokenizer.pad_token = '\n'
+    prompts = ['First Citizen:\nBefore we', 'All:\nSpeak', 'You are', 'R']
+    alone = [tokenizer(prompt, return_tensors='pt').input_ids for prompt in prompts]
+    new_tokens = 12  # the longest prompt's 24 tokens and 12 new ones: past block_size (32)
+    with torch.no_grad():
+        for side in ('left', 'right'):
+            tokenizer.padding_side = side
+            batch = tokenizer(prompts, return_tensors='pt', padding=True)
+            logits = theirs(**batch).logits
+            # padding's ids are never seen, even one past the vocabulary (a tokenizer's added <|pad|>)
+            past_vocabulary = batch.input_ids.masked_fill(batch.attention_mask == 0, ARGS['vocab_size'])
+            assert torch.equal(theirs(past_vocabulary, attention_mask=batch.attention_mask).logits, logits)
+            for row, mask, ids in zip(logits, batch.attention_mask, alone):
+                torch.testing.assert_close(row[mask.bool()], theirs(ids).logits[0], atol=1e-5, rtol=0)
+        tokenizer.padding_side = 'left'
+        batch = tokenizer(prompts, return_tensors='pt', padding=True)
+        assert batch.attention_mask[-1].tolist() == [0] * 23 + [1]
+        for use_cache in (True, False):
+            greedy = dict(max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, use_cache=use_cache)
+            by_pad = theirs.generate(batch.input_ids, **greedy)[:, -new_tokens:]
+            masked = theirs.generate(**batch, **greedy)[:, -new_tokens:]
+            for i, ids in enumerate(alone):
+                assert torch.equal(by_pad[i], theirs.generate(ids, **greedy)[0, -new_tokens:]), (use_cache, i)
+                assert torch.equal(masked[i], model.generate(ids, new_tokens, top_k=1)[0, -new_tokens:]), (use_cache, i)
+    assert len({tuple(row.tolist()) for row in masked}) == len(prompts) and 0 in masked  # not one repeated token
 
 
 def test_model_sources_make_imports_of_project_modules_relative(tmp_path):
