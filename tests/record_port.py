@@ -30,7 +30,8 @@ def relative_error(a, b):
 
 def our_steps(config, vocab_size, weights, first, x, y):
     """[(loss, gradients, weights after)] of two of train.py's iterations from `first`, under our names, for the model
-    and optimizer of `config` from `weights` (ours: {name: tensor}; those the model has), in float64; x, y: 2 rows, one a micro-step."""
+    and optimizer of `config` from `weights` (ours: {name: tensor}; those the model has), in float64; x, y: 2 rows,
+    one a micro-step."""
     model_args, _ = rules.model_args(config, vocab_size)
     model, optimizer = step.build(config, model_args, 'cpu', 'cpu')
     model.double()

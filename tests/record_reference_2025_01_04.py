@@ -1,7 +1,8 @@
 """modded-nanogpt's record of 4 Jan 2025 (SoftCap: 1,390 steps, val loss 3.2791 on average over 80 runs), written
 from its description in docs/record.md, as a small functional reference: the forward, the loss and one optimizer step,
 for any sizes, in one dtype (float32 or float64 on a CPU), imports torch only. What it shares with the record of
-24 Nov 2024 (RMSNorm, ReLU², rotation of pairs, Newton-Schulz, Adam, the momentum warmup) is tests/record_reference.py's.
+24 Nov 2024 (RMSNorm, ReLU², rotation of pairs, Newton-Schulz, Adam, the momentum warmup) is
+tests/record_reference.py's.
 
 Weights are a mapping name -> tensor with the record's own parameter names (record_shapes lists them):
   embed.weight (V, d)                       token embedding, RMS-normed after the lookup

@@ -159,9 +159,13 @@ def check_architecture(config):
         raise ConfigError(f"value_embeds={config['value_embeds']} gives each table to a block of the first "
                           f"{config['value_embeds']} and one of the last {config['value_embeds']}, more than "
                           f"n_layer={config['n_layer']} blocks: use --value_embeds={config['n_layer'] // 2} or less")
-    if not -1 <= config['no_attn_layer'] < config['n_layer']:
-        raise ConfigError(f"no_attn_layer={config['no_attn_layer']} is not a block of n_layer={config['n_layer']}: "
-                          f"use 0 to {config['n_layer'] - 1}, or -1 for attention in every block")
+    layer, tables = config['no_attn_layer'], config['value_embeds']
+    if not -1 <= layer < config['n_layer']:
+        raise ConfigError(f"no_attn_layer={layer} is not a block of n_layer={config['n_layer']}: use 0 to "
+                          f"{config['n_layer'] - 1}, or -1 for attention in every block")
+    if layer >= 0 and tables and not tables <= layer < config['n_layer'] - tables:
+        raise ConfigError(f"no_attn_layer={layer} takes the attention of a block whose values value_embeds={tables} "
+                          f"mixes a table into: pick a block from {tables} to {config['n_layer'] - tables - 1}")
     if config['unet_skips'] and config['n_layer'] < 2:
         raise ConfigError("unet_skips=True connects the first half of the blocks to the second, but n_layer=1 has "
                           "no pair: use --n_layer=2 or more, or --unet_skips=False")

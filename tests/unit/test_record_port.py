@@ -1,12 +1,13 @@
-"""training/recipe.py's 'record_2024_11_24' is modded-nanogpt's record of 24 Nov 2024, which the speedrun presets ported
-before the one of 4 Jan 2025 (docs/record.md): our GPT and optimizer, built by training.step.build from
-config/speedrun_gpt2_12gb.py's keys with that recipe and the record's lengths and window, scaled down (4 layers, the preset's 6 heads, rows of 128
-tokens holding several documents, the window and its warmup at 1/16 of their size), against tests/record_reference.py
-(written from docs/record.md, none of the project's model code), from the same weights, in float64 on the CPU: the
-loss, every gradient and the weights after each of two optimizer steps (the second from the first's state), taken
-through training.step.train_step as train.py takes them, twice: at the run's start (momentum and window warming up)
-and in the cooldown (lr decaying, the window near its end). The initialization is compared by its distributions.
-Each difference issue 40 found between the preset and the record, put back on our side, breaks the agreement."""
+"""training/recipe.py's 'record_2024_11_24' is modded-nanogpt's record of 24 Nov 2024, which the speedrun presets
+ported before the one of 4 Jan 2025 (docs/record.md): our GPT and optimizer, built by training.step.build from
+config/speedrun_gpt2_12gb.py's keys with that recipe and the record's lengths and window, scaled down (4 layers, the
+preset's 6 heads, rows of 128 tokens holding several documents, the window and its warmup at 1/16 of their size),
+against tests/record_reference.py (written from docs/record.md, none of the project's model code), from the same
+weights, in float64 on the CPU: the loss, every gradient and the weights after each of two optimizer steps (the second
+from the first's state), taken through training.step.train_step as train.py takes them, twice: at the run's start
+(momentum and window warming up) and in the cooldown (lr decaying, the window near its end). The initialization is
+compared by its distributions. Each difference issue 40 found between the preset and the record, put back on our side,
+breaks the agreement."""
 import math
 
 import pytest

@@ -54,8 +54,8 @@ def preset_keys(**changes):
     config.update(changes)
     config.update(SMALL, doc_token=DOC_TOKEN, batch_size=1, gradient_accumulation_steps=2, device='cpu',
                   dtype='float32', compile=False, hellaswag=False,
-                  **{key: config[key] // SCALE for key in ('attn_window', 'attn_window_block', 'attn_window_warmup_start',
-                                                           'attn_window_warmup_end')})
+                  **{key: config[key] // SCALE for key in ('attn_window', 'attn_window_block',
+                                                           'attn_window_warmup_start', 'attn_window_warmup_end')})
     rules.check_config(config, 1, 'cpu')
     return config
 
