@@ -64,12 +64,15 @@ def run_keys(run, config):
     documents that config's eot_token separates, and its 'pack' multiplies block_size and divides batch_size by it,
     with attn_window the config's block_size; 'window_warmup' makes that window grow from block_size // 16 over
     max_iters to its multiple of block_size. A record's value_embeds and no_attn_layer, set for RECORD_DEPTH blocks,
-    scale with n_layer (the 4 Jan 2025 record's 3 tables and attention-less block 7: 1 and block 2 of 4)."""
+    scale with n_layer, the block without attention kept only where it has no table (the 4 Jan 2025 record's 3 tables
+    and attention-less block 7: 1 table and block 2 of 4 blocks; 1 table and attention in both of 2)."""
     keys = {**MODERN_DEFAULTS, **config, **run}
-    if run in (RECIPES[name] for name in RECORDS) and keys['n_layer'] != RECORD_DEPTH:
-        scale = keys['n_layer'] / RECORD_DEPTH
-        keys['value_embeds'] = max(1, round(keys['value_embeds'] * scale)) if keys['value_embeds'] else 0
-        keys['no_attn_layer'] = int(keys['no_attn_layer'] * scale) if keys['no_attn_layer'] >= 0 else -1
+    if any(run is RECIPES[name] for name in RECORDS) and keys['n_layer'] != RECORD_DEPTH:
+        scale, tables = keys['n_layer'] / RECORD_DEPTH, keys['value_embeds']
+        tables = keys['value_embeds'] = max(1, round(tables * scale)) if tables else 0
+        layer = int(keys['no_attn_layer'] * scale)
+        kept = keys['no_attn_layer'] >= 0 and tables <= layer < keys['n_layer'] - tables
+        keys['no_attn_layer'] = layer if kept else -1
     if keys['optim'] != 'muon':
         keys.update(dict.fromkeys(MUON_ONLY_KEYS, 0))
     if keys.pop('documents', False):

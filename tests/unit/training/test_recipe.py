@@ -92,12 +92,15 @@ def test_each_record_sets_its_own_hyperparameters_over_the_runs_and_keeps_its_le
 
 def test_the_records_blocks_pattern_scales_with_the_depth():
     """At 4 layers the 4 Jan 2025 record's 3 tables of 12 blocks are 1 (blocks 0 and 3), its attention-less block 7
-    is block 2; the 24 Nov 2024 record has neither at any depth."""
+    is block 2; at 2 layers every block has the table and attention; the 24 Nov 2024 record has neither."""
     keys = recipe.run_keys(recipe.RUNS['record'], {**CONFIG, 'n_layer': 4})
     assert (keys['value_embeds'], keys['no_attn_layer']) == (1, 2)
     rules.check_config({**TRAIN_KEYS, **keys}, 1, 'cpu')
     before = recipe.run_keys(recipe.RUNS['record_2024_11_24'], {**CONFIG, 'n_layer': 4})
     assert (before['value_embeds'], before['no_attn_layer']) == (0, -1)
+    two = recipe.run_keys(recipe.RUNS['record'], {**CONFIG, 'n_layer': 2})  # both blocks have the table
+    assert (two['value_embeds'], two['no_attn_layer']) == (1, -1)
+    rules.check_config({**TRAIN_KEYS, **two}, 1, 'cpu')
 
 
 def test_the_baseline_sweep_keeps_the_schedules_shape():
