@@ -2,9 +2,10 @@
 # (docs/record.md) ported key by key: its model, initialization, optimizer groups and hyperparameters, schedules and
 # data order, 1,390 steps of 524,288 tokens (0.73B). Its 80 runs ended at FineWeb validation loss 3.2791 on average
 # (standard deviation 0.0019, 3.2753-3.2837): 3.28 is about its mean, not a guarantee. What one card changes, each
-# with its reason in docs/record.md: the record's 8 x 65,536-token step accumulated as 128 x 4,096 in one process, the
-# masked attention of the record's block-wise window where it used FlexAttention, autocast over fp32 weights (its
-# embeddings were bf16), validation on held-out FineWeb documents (with HellaSwag).
+# with its reason in docs/record.md: the record's 8 x 65,536-token step accumulated as 64 x 8,192 in one process, each
+# block recomputed in backward (its activations do not fit 8 GB otherwise), the masked attention of the record's
+# block-wise window where it used FlexAttention, autocast over fp32 weights (its embeddings were bf16), validation on
+# held-out FineWeb documents (with HellaSwag).
 # $ python prepare/openwebtext.py --dataset HuggingFaceFW/fineweb --name sample-10BT \
 #       --max_tokens 1_500_000_000 --out_dir data/fineweb
 # $ python estimate_memory.py config/speedrun_gpt2_8gb.py --gpu_memory_gb=8
@@ -45,9 +46,9 @@ zero_init_proj = True
 # the record's layout: documents (each starting at <|endoftext|>, 50256) read in order, each token once; each position
 # attends to the positions up to itself in its own document within the attn_window // 128 blocks of 128 up to its own,
 # as FlexAttention's block masks: from 1 block at first to 14 (1,792) from step 1,339, on a line towards 1,856. Rows
-# of 4,096 tokens (the record's: 65,536, one per GPU; config/speedrun_gpt2_12gb.py's 8,192: the activations halve),
-# 128 a step: 524,288 tokens.
-block_size = 4096
+# of 8,192 tokens (the record's: 65,536, one per GPU), 64 a step: 524,288 tokens; as config/speedrun_gpt2_12gb.py,
+# with each block recomputed in backward: 5.95 GiB by the estimate, where rows of 4,096 without it take 8.33
+block_size = 8192
 batch_order = 'sequential'
 doc_token = 50256
 attn_window = 1792
@@ -56,7 +57,8 @@ attn_window_warmup_start = 128
 attn_window_warmup_end = 1856
 attn_window_warmup_iters = 1390
 batch_size = 1
-gradient_accumulation_steps = 128
+gradient_accumulation_steps = 64
+activation_checkpointing = True
 max_iters = 1390
 lr_decay_iters = 1390
 
@@ -84,12 +86,12 @@ warmup_iters = 0
 cooldown_frac = 0.4
 min_lr = 0.0
 
-# every 125 steps, as the record: val loss on 200 * 4,096 held-out FineWeb tokens (about all of val.bin; the record:
+# every 125 steps, as the record: val loss on 100 * 8,192 held-out FineWeb tokens (about all of val.bin; the record:
 # 10,485,760 of its own validation shard), and HellaSwag's 10,042 examples (downloaded once to data/hellaswag/;
 # OpenAI's GPT-2 124M scores acc_norm 0.2955 there, README: HellaSwag)
 eval_interval = 125
-eval_iters = 200
-eval_batch_size = 4
+eval_iters = 100
+eval_batch_size = 2
 hellaswag = True
 log_interval = 10
 
