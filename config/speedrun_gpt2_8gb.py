@@ -86,10 +86,11 @@ warmup_iters = 0
 cooldown_frac = 0.4
 min_lr = 0.0
 
-# every 125 steps, as the record: val loss on 100 * 8,192 held-out FineWeb tokens (about all of val.bin; the record:
-# 10,485,760 of its own validation shard), and HellaSwag's 10,042 examples (downloaded once to data/hellaswag/;
-# OpenAI's GPT-2 124M scores acc_norm 0.2955 there, README: HellaSwag)
-eval_interval = 125
+# every 139 steps, the last at step 1,390 as the record's (which evaluates every 125 steps and at the end; train.py
+# evaluates at multiples of eval_interval only): val loss on 100 * 8,192 held-out FineWeb tokens (about all of val.bin;
+# the record: 10,485,760 of its own validation shard), and HellaSwag's 10,042 examples (downloaded once to
+# data/hellaswag/; OpenAI's GPT-2 124M scores acc_norm 0.2955 there, README: HellaSwag)
+eval_interval = 139
 eval_iters = 100
 eval_batch_size = 2
 hellaswag = True

@@ -66,7 +66,7 @@ def test_speedrun_presets_are_the_record(name):
     """The speedrun presets set training/recipe.py's RECIPES['record'] (the 4 Jan 2025 record) key by key, at GPT-2
     124M's width and depth with the record's 6 heads of 128; its layout (documents read in order, a window of blocks
     of 128 growing from 1 block towards 1,856 positions, at most 1,792, over the 1,390 steps), 524,288 tokens a step,
-    Muon's momentum warmup and evaluation interval; HellaSwag besides."""
+    Muon's momentum warmup, an evaluation at the end; HellaSwag besides."""
     from training.recipe import RECIPES
     config = load(ROOT / 'config' / name)
     assert {k: config[k] for k in RECIPES['record']} == RECIPES['record']
@@ -76,5 +76,5 @@ def test_speedrun_presets_are_the_record(name):
     assert config['attn_window_warmup_iters'] == config['max_iters'] == config['lr_decay_iters'] == 1390
     assert config['batch_order'] == 'sequential' and config['muon_momentum_warmup_iters'] == 300
     assert config['batch_size'] * config['gradient_accumulation_steps'] * config['block_size'] == 524_288
-    assert config['eval_interval'] == 125
+    assert config['eval_interval'] == 139 and config['max_iters'] % 139 == 0  # the last evaluation at the end
     assert config['dataset'] == 'fineweb' and config['hellaswag']
