@@ -145,5 +145,5 @@ def test_card_mode_on_a_cpu_runs_the_presets_scaled_down_and_writes_its_report(t
     markdown = (tmp_path / 'card.md').read_text()
     assert markdown.startswith('# cpu (presets scaled down)\n')
     assert '| speedrun_gpt2_12gb.py | ' in markdown and '| train_gpt2_4gb.py | ' in markdown
-    assert 'speedrun_gpt2_12gb.py (scaled down: not the real budget): 448,000 tokens in ' in markdown
+    assert 'speedrun_gpt2_12gb.py (scaled down: not the real budget): 355,840 tokens in ' in markdown
     assert f'wrote {report}.md and {report}.json' in result.stdout
