@@ -57,15 +57,24 @@ def our_steps(config, vocab_size, weights, first, x, y):
     return results
 
 
-def disagreements(ours, reference, first, tolerance):
-    """{what: relative error} over `tolerance` between our_steps' results (under the record's names) and the
-    reference's, [(loss, grads, weights)] of steps first and first + 1, for the parameters both have."""
+def disagreements(config, vocab_size, weights, x, y, first_steps, reference_step, to_ours, to_record, tolerance):
+    """{what: relative error} over `tolerance` between our_steps and the reference's two steps from each of
+    `first_steps`, from the same `weights` (the record's names): the loss, the gradients and the weights after each
+    step, of the parameters both have, under the record's names. reference_step(weights, state, x, y, it) -> (loss,
+    grads, weights, state); to_ours, to_record: the weight map each way."""
     worst = {}
-    for i, (a_step, b_step) in enumerate(zip(ours, reference)):
-        for kind, a, b in [('loss', a_step[0], b_step[0]),
-                           *((f'grad {n}', a_step[1][n], b_step[1][n]) for n in b_step[1] if n in a_step[1]),
-                           *((f'weight {n}', a_step[2][n], b_step[2][n]) for n in b_step[2] if n in a_step[2])]:
-            error = relative_error(a.double(), b)
-            if error > tolerance or math.isnan(error):
-                worst[f'step {first + i}: {kind}'] = error
+    for first in first_steps:
+        ours = [(loss, to_record(grads), to_record(after))
+                for loss, grads, after in our_steps(config, vocab_size, to_ours(weights), first, x, y)]
+        reference, state, w = [], {}, weights
+        for it in (first, first + 1):
+            loss, grads, w, state = reference_step(w, state, x, y, it)
+            reference.append((loss, grads, w))
+        for i, (a_step, b_step) in enumerate(zip(ours, reference)):
+            for kind, a, b in [('loss', a_step[0], b_step[0]),
+                               *((f'grad {n}', a_step[1][n], b_step[1][n]) for n in b_step[1] if n in a_step[1]),
+                               *((f'weight {n}', a_step[2][n], b_step[2][n]) for n in b_step[2] if n in a_step[2])]:
+                error = relative_error(a.double(), b)
+                if error > tolerance or math.isnan(error):
+                    worst[f'step {first + i}: {kind}'] = error
     return worst

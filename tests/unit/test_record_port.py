@@ -17,7 +17,7 @@ import configurator
 import record_reference as R
 from helpers import ROOT
 from model import GPT, GPTConfig
-from record_port import disagreements as step_disagreements, our_steps
+from record_port import disagreements as port_disagreements
 from training import recipe, rules
 
 PRESET = ROOT / 'config' / 'speedrun_gpt2_12gb.py'
@@ -106,24 +106,13 @@ def tokens():
     return data[:, :-1].contiguous(), data[:, 1:].contiguous()
 
 
-def reference_steps(weights, first, x, y):
-    results, state = [], {}
-    for it in (first, first + 1):
-        loss, grads, weights, state = R.train_step(weights, state, x, y, it, RECORD)
-        results.append((loss, grads, weights))
-    return results
-
-
 def disagreements(**changes):
     """{what: relative error} over TOLERANCE of the recipe's port (with `changes`) against the record, for the loss,
     the gradients and the weights after each step, of the parameters both have."""
-    config, weights, (x, y) = preset_keys(**changes), off_start_weights(), tokens()
-    worst = {}
-    for first in FIRST_STEPS:
-        ours = [(loss, record_from_ours(grads), record_from_ours(after))
-                for loss, grads, after in our_steps(config, VOCAB, ours_from_record(weights), first, x, y)]
-        worst.update(step_disagreements(ours, reference_steps(weights, first, x, y), first, TOLERANCE))
-    return worst
+    x, y = tokens()
+    return port_disagreements(preset_keys(**changes), VOCAB, off_start_weights(), x, y, FIRST_STEPS,
+                              lambda w, state, x, y, it: R.train_step(w, state, x, y, it, RECORD),
+                              ours_from_record, record_from_ours, TOLERANCE)
 
 
 def init_disagreements(**changes):
