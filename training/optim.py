@@ -462,9 +462,9 @@ class Muon(torch.optim.Muon):
     'momentum_form' (muon_momentum_form): 'ema', torch's, the momentum an average, buf = lerp(buf, g, 1 - mu) and
     Nesterov's lerp(g, buf, mu), orthogonalized after dividing by max(norm, eps); 'sum', modded-nanogpt's until
     Nov 2024, buf = mu * buf + g and g + mu * buf, divided by norm + eps; 'ema_eps', its records' from Dec 2024,
-    'ema' divided by norm + eps. For a constant mu they point the same way; while mu warms up, 'ema' weighs each
-    gradient by its step's 1 - mu. 'split' (k): the matrix's k blocks of rows
-    orthogonalized each on its own, each with its own lr adjustment (muon_split_qkv: c_attn's q, k and v)."""
+    'ema' divided by norm + eps. For a constant mu they point the same way; while mu warms up, 'ema' and 'ema_eps'
+    weigh each gradient by its step's 1 - mu. 'split' (k): the matrix's k blocks of rows orthogonalized each on its
+    own, each with its own lr adjustment (muon_split_qkv: c_attn's q, k and v)."""
 
     def __init__(self, params, momentum_form=MUON_MOMENTUM_FORMS[0], split=1, **options):
         super().__init__(params, **options)
