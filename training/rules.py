@@ -108,7 +108,7 @@ def check_window_warmup(config):
         raise ConfigError(f"attn_window_warmup_start={start} must be from 1 to attn_window={window}: the window's "
                           f"first size and its step, e.g. --attn_window_warmup_start={max(1, window // 16)}")
     end = config['attn_window_warmup_end']
-    if end and end < window:
+    if iters and end and end < window:
         raise ConfigError(f"attn_window_warmup_end={end} is below attn_window={window}: the warmup would never reach "
                           f"the window; use 0 (attn_window) or more, e.g. --attn_window_warmup_end={window}")
     block = config['attn_window_block']
