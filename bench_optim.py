@@ -14,9 +14,10 @@ $ python bench_optim.py --runs=adamw,autocast_cache --dtype=bfloat16 --activatio
 The modern recipes against nanoGPT's (docs/recipe.md): 'baseline' is nanoGPT's GPT-2 architecture, AdamW and cosine
 schedule, run at each learning rate of --baseline_lrs, whose best is the baseline every run is measured against;
 'recipe' is the CPU-tuned recipe (recipe.RECIPES['cpu_tuned']: modern architecture, Muon,
-warmup-stable-decay); 'record' is modded-nanogpt's record of 24 Nov 2024 that the speedrun presets port
-(recipe.RECIPES['record']: its architecture, initialization, optimizer groups and learning rates at this run's size,
-its schedule's shape over this run's steps); 'recipe-X' is the recipe without its
+warmup-stable-decay); 'record' is modded-nanogpt's record of 4 Jan 2025 that the speedrun presets port, and
+'record_2024_11_24' the one of 24 Nov 2024 they ported before (recipe.RECIPES: each record's architecture,
+initialization, optimizer groups and learning rates at this run's size, its schedule's shape over this run's steps;
+the layout, the documents and window of the presets, is not theirs here); 'recipe-X' is the recipe without its
 component X (recipe.ABLATIONS), 'recipe+X' with the component X it left out (recipe.DROPPED); --runs=ablation runs
 all of them. 'recipe+documents', 'recipe+packed', 'recipe+window_warmup' and 'recipe+window_warmup_long'
 (recipe.LAYOUTS) attend within the documents eot_token separates, the last three over sequences 4 blocks long
@@ -27,7 +28,7 @@ its own initial weights, batches and validation windows) the curves are means ov
 each run's final val loss and the step at which it first reaches the reference's final val loss, seed by seed (the
 reference: the best baseline, or the first run).
 $ python bench_optim.py --dataset=shakespeare_char --runs=ablation --seeds=1,2
-$ python bench_optim.py --dataset=shakespeare_char --runs=baseline,recipe,record --seeds=1,2
+$ python bench_optim.py --dataset=shakespeare_char --runs=baseline,recipe,record,record_2024_11_24 --seeds=1,2
 
 Keys are overridden as in train.py: config files, then --key=value (python bench_optim.py --help lists them).
 """
@@ -76,17 +77,17 @@ dtype = 'float32' # bfloat16: every run under bf16 autocast, as train.py's dtype
 # -----------------------------------------------------------------------------
 # train.py's keys the runs read at train.py's defaults, where a run of RUNS sets none of its own
 TRAIN_KEYS = ('data_dir', 'muon_learning_rate', 'muon_momentum', 'muon_momentum_warmup_iters', 'weight_decay', 'beta1',
-              'beta2', 'grad_clip', 'attn_window_warmup_iters', 'attn_window_warmup_start', 'lr_schedule',
-              'cooldown_frac', 'autocast_cache', 'activation_checkpointing')
+              'beta2', 'grad_clip', 'attn_window_warmup_iters', 'attn_window_warmup_start', 'attn_window_warmup_end',
+              'lr_schedule', 'cooldown_frac', 'autocast_cache', 'activation_checkpointing')
 # -----------------------------------------------------------------------------
 # name: train.py keys of the run ('nearest': torch's AdamW on bf16 weights, which rounds each update to nearest)
 RUNS = {'adamw': {'optim': 'adamw'}, 'muon': {'optim': 'muon'},
         'bf16_weights': {'optim': 'adamw', 'weight_dtype': 'bfloat16'},
         'bf16_nearest': {'optim': 'adamw', 'weight_dtype': 'bfloat16', 'nearest': True},
         'autocast_cache': {'optim': 'adamw', 'autocast_cache': True}}  # the same losses: its cost is the time
-RUNS.update(recipe.RUNS) # 'baseline', 'recipe', 'record', 'recipe-X' (recipe.ABLATIONS), 'recipe+X' (recipe.DROPPED)
+RUNS.update(recipe.RUNS) # 'baseline', 'recipe', recipe.RECORDS, 'recipe-X' (recipe.ABLATIONS), 'recipe+X' (DROPPED)
 RUN_GROUPS = {'ablation': [name for name in recipe.RUNS
-                           if name != 'record' and name[len('recipe+'):] not in recipe.LAYOUTS]}
+                           if name not in recipe.RECORDS and name[len('recipe+'):] not in recipe.LAYOUTS]}
 
 
 def run_names(runs):
@@ -175,7 +176,7 @@ def train(run, seed, val_batches):
     curve, seconds = {}, 0.0
     for it in range(max_iters + 1):
         window = attn_window_at(it, keys['attn_window'], keys['attn_window_warmup_start'],
-                                keys['attn_window_warmup_iters']) # as train.py's, in training and evaluation
+                                keys['attn_window_warmup_iters'], keys['attn_window_warmup_end']) # as train.py's
         if it % eval_interval == 0 or it == max_iters:
             curve[it] = val_loss(model, val_batches, ctx, window)
             print(f'{run} seed {seed} step {it}: val loss {curve[it]:.4f}', flush=True)

@@ -66,7 +66,8 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.qk_norm = config.qk_norm
-        self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if value_embed else None # (values, table rows)
+        # (values, table rows); value_scale: also without a table, where only the first acts (the record's count)
+        self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if value_embed or config.value_scale else None
         self.v1_lambda = nn.Parameter(torch.tensor([0.5])) if config.value_residual else None # 1-D: fsdp shards it
 
     def forward(self, x, *, attention=CAUSAL, rotary=None, value_embed=None, cache=None, v1=None):
@@ -80,6 +81,8 @@ class CausalSelfAttention(nn.Module):
             v = (1 - self.v1_lambda) * v + self.v1_lambda * v1
         if value_embed is not None: # value_embeds: the values mix with the token's own row of this layer's table
             v = self.value_lambdas[0] * v + self.value_lambdas[1] * value_embed.to(v.dtype) # autocast's v: bf16
+        elif self.value_lambdas is not None: # value_scale: a layer without a table scales its values
+            v = self.value_lambdas[0] * v
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)) # (B, nh, T, hs)
         if self.qk_norm: # each head's queries and keys to unit RMS: attention logits stay bounded (no weights)
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
@@ -129,11 +132,13 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
 
-    def __init__(self, config, value_embed=False):
+    def __init__(self, config, value_embed=False, attention=True):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm', gain=config.norm_gain)
-        self.attn = CausalSelfAttention(config, value_embed)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm', gain=config.norm_gain)
+        norm = dict(bias=config.bias, rms=config.norm == 'rmsnorm', gain=config.norm_gain)
+        # attention=False (no_attn_layer): the MLP alone, no parameter left without a gradient
+        self.ln_1 = LayerNorm(config.n_embd, **norm) if attention else None
+        self.attn = CausalSelfAttention(config, value_embed) if attention else None
+        self.ln_2 = LayerNorm(config.n_embd, **norm)
         self.mlp = MLP(config)
         self.x0_lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if config.x0_shortcut else None # of (input, x0)
 
@@ -141,8 +146,10 @@ class Block(nn.Module):
         """x0: GPT.forward's embedding, with x0_shortcut; the others: CausalSelfAttention.forward's. Returns (x, v1)."""
         if self.x0_lambdas is not None: # x0_shortcut: every block sees the embedding directly, not only block 0
             x = self.x0_lambdas[0] * x + self.x0_lambdas[1] * x0
-        y, v1 = self.attn(self.ln_1(x), attention=attention, rotary=rotary, value_embed=value_embed, cache=cache, v1=v1)
-        x = x + y
+        if self.attn is not None:
+            y, v1 = self.attn(self.ln_1(x), attention=attention, rotary=rotary, value_embed=value_embed, cache=cache,
+                              v1=v1)
+            x = x + y
         x = x + self.mlp(self.ln_2(x))
         return x, v1
 
@@ -176,9 +183,13 @@ class GPTConfig:
     embed_norm: bool = False # True: the embedding RMS-normed (no gain) after the lookup, before block 0 and as x0
     norm_gain: bool = True # False: ln_1, ln_2, ln_f without weights (nor biases), with torch's default eps
     value_residual: bool = False # True: each block's values a learned mix of its own and block 0's
+    value_scale: bool = False # True: blocks without a value_embeds table scale their values by a learned weight
+    no_attn_layer: int = -1 # >= 0: that block has no attention, only its MLP (the 4 Jan 2025 record's 7)
+    rope_truncated: bool = False # True: half of each head's rotary pairs turn (1 to 1/1024 rad a position), half not
     weight_init: str = 'gpt2' # 'gpt2': N(0, 0.02), c_proj scaled down; 'pytorch': nn.Linear's and nn.Embedding's own
     # Attention over packed documents (the records' 64K-token sequences): where each position may look
     attn_window: int = 0 # w > 0: at most the w positions up to itself (a sliding window); 0: the whole block
+    attn_window_block: int = 0 # b > 0: the window counts whole blocks of b positions: the w / b up to a query's own
     doc_token: int = -1 # >= 0: each such token starts a document (<|endoftext|>: 50256), attention stays within one
 
 class GPT(nn.Module):
@@ -201,8 +212,8 @@ class GPT(nn.Module):
             wte = nn.Embedding(config.vocab_size, config.n_embd),
             wpe = nn.Embedding(config.block_size, config.n_embd) if config.pos_emb == 'learned' else None,
             drop = nn.Dropout(config.dropout),
-            h = nn.ModuleList([Block(config, value_embed=value_embed_table(config, i) is not None)
-                               for i in range(config.n_layer)]),
+            h = nn.ModuleList([Block(config, value_embed=value_embed_table(config, i) is not None,
+                                     attention=i != config.no_attn_layer) for i in range(config.n_layer)]),
             ln_f = LayerNorm(config.n_embd, bias=config.bias, rms=config.norm == 'rmsnorm', gain=config.norm_gain),
         ))
         self.skip_weights = nn.Parameter(torch.ones(config.n_layer // 2)) if config.unet_skips else None # kept outputs'
@@ -275,7 +286,8 @@ class GPT(nn.Module):
             pos_emb = self.transformer.wpe(pos.clamp(min=0)) # position embeddings of shape (t or (b, t), n_embd)
             x = self.transformer.drop(tok_emb + pos_emb)
         else: # pos_emb='rope': the positions are rotations of each attention's queries and keys
-            rotary = rotary_cos_sin(pos if pos.dim() == 1 else pos[:, None], self.config.n_embd // self.config.n_head)
+            rotary = rotary_cos_sin(pos if pos.dim() == 1 else pos[:, None], self.config.n_embd // self.config.n_head,
+                                    self.config.rope_truncated)
             x = self.transformer.drop(tok_emb)
         attention = self.attention(idx, pos, cache, self.config.attn_window if attn_window is None else attn_window)
         x = F.rms_norm(x, x.shape[-1:]) if self.config.embed_norm else x # embed_norm: RMS 1 (GPT-2's init: 0.02)
@@ -319,7 +331,9 @@ class GPT(nn.Module):
         padded = pos.dim() == 2 # forward's positions: per row, with padding (in a mask of every query and key)
         if cache is None and doc_token < 0 and not (window and t > window) and not padded:
             return CAUSAL # nothing but causality restricts attention here
-        kernel = self.varlen_kernel(idx) if cache is None and not padded else None
+        block = self.config.attn_window_block # a window in blocks: FlashAttention's is by position, the masks here
+        by_position = not (block and window and t > window)
+        kernel = self.varlen_kernel(idx) if cache is None and not padded and by_position else None
         if kernel is not None: # in the dtype varlen_kernel chose it for: value_residual's fp32 lambda makes v fp32
             documents = (kernel, self.compute_dtype(idx.device.type), *document_segments(idx, doc_token))
             return Attention('varlen', documents=documents, window=window)
@@ -335,7 +349,7 @@ class GPT(nn.Module):
             if cache is not None:
                 keys = torch.arange(cache.length + t, device=idx.device)
                 k_doc = None if doc is None else cache.docs[:, :cache.length + t]
-            mask = local_attention_mask(pos, keys, window, doc, k_doc).unsqueeze(-3) # (B or 1, 1, t, keys)
+            mask = local_attention_mask(pos, keys, window, doc, k_doc, block).unsqueeze(-3) # (B or 1, 1, t, keys)
             if padded: # a padding query attends to itself alone: no row of the mask empty (SDPA's NaN)
                 mask = mask | torch.eye(t, dtype=torch.bool, device=idx.device)
             return Attention('masked', mask=mask) if cache is None else Attention('cache', mask, offset=cache.length)
@@ -344,10 +358,10 @@ class GPT(nn.Module):
         k_pos = torch.arange(-window, (n + 1) * window, device=idx.device).unfold(0, 2 * window, window)[:n]
         q_doc = k_doc = None
         if doc is not None: # padding positions get document -1, which no real position has
-            padded = F.pad(doc, (window, n * window - t + window), value=-1)
-            q_doc = padded[:, window:(n + 1) * window].view(b, n, window)
-            k_doc = padded.unfold(1, 2 * window, window)[:, :n]
-        mask = local_attention_mask(q_pos, k_pos, window, q_doc, k_doc)
+            framed = F.pad(doc, (window, n * window - t + window), value=-1)
+            q_doc = framed[:, window:(n + 1) * window].view(b, n, window)
+            k_doc = framed.unfold(1, 2 * window, window)[:, :n]
+        mask = local_attention_mask(q_pos, k_pos, window, q_doc, k_doc, block) # in blocks: none over window - 1 back
         return Attention('window', mask=mask.expand(b, n, window, 2 * window).unsqueeze(2).contiguous())
 
     def compute_dtype(self, device_type):
@@ -521,13 +535,16 @@ def value_embed_table(config, layer):
         return layer if layer < k else layer - (config.n_layer - k)
     return None
 
-def local_attention_mask(q_pos, k_pos, window, q_doc=None, k_doc=None):
+def local_attention_mask(q_pos, k_pos, window, q_doc=None, k_doc=None, block=0):
     """(..., Tq, Tk) bool, True where a query may attend to a key: a key at a position from 0 up to the query's,
-    fewer than `window` back (0: any), and of the same document (with the documents' ids q_doc, k_doc)."""
+    fewer than `window` back (0: any), and of the same document (with the documents' ids q_doc, k_doc). block > 0
+    (attn_window_block): `window` counts blocks of `block` positions from 0, FlexAttention's block masks: a key in
+    one of the window // block blocks up to the query's, every such key up to the query in its document."""
     q_pos, k_pos = q_pos[..., :, None], k_pos[..., None, :]
     mask = (k_pos >= 0) & (k_pos <= q_pos)
     if window:
-        mask = mask & (q_pos - k_pos < window)
+        near = q_pos // block - k_pos // block < window // block if block else q_pos - k_pos < window
+        mask = mask & near
     if q_doc is not None:
         mask = mask & (q_doc[..., :, None] == k_doc[..., None, :])
     return mask
@@ -580,11 +597,17 @@ def document_attention(q, k, v, varlen_attn, dtype, cu_seqlens, longest, window)
     y = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, window_size=(window - 1 if window else -1, 0))
     return y.view(B, T, nh, hs).transpose(1, 2)
 
-def rotary_cos_sin(pos, head_size, base=10000.0):
+def rotary_cos_sin(pos, head_size, truncated=False, base=10000.0):
     """The rotary embedding's (cos, sin) for positions `pos` (..., t): each (..., t, head_size / 2), a head's pair i
-    turning at base**(-2i / head_size) radians a position (RoFormer; modded-nanogpt's frequencies to the bit). In
-    fp32 from `pos` on every forward: cheap, no buffer for weight_dtype to cast, and any positions (a cache's) work."""
-    inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2, dtype=torch.float32, device=pos.device) / head_size)
+    turning at base**(-2i / head_size) radians a position (RoFormer; modded-nanogpt's frequencies to the bit).
+    truncated (rope_truncated): the first quarter of the head's dimensions paired with the third turn at
+    1024**(-j / (n - 1)), j < n = head_size / 4, the other pairs not at all (modded-nanogpt's from Dec 2024). In fp32
+    from `pos` on every forward: cheap, no buffer for weight_dtype to cast, and any positions (a cache's) work."""
+    if truncated:
+        turning = (1 / 1024) ** torch.linspace(0, 1, steps=head_size // 4, dtype=torch.float32, device=pos.device)
+        inv_freq = torch.cat((turning, turning.new_zeros(head_size // 2 - head_size // 4)))
+    else:
+        inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2, dtype=torch.float32, device=pos.device) / head_size)
     angles = pos.to(torch.float32)[..., None] * inv_freq
     return angles.cos(), angles.sin()
 

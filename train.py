@@ -122,10 +122,15 @@ x0_shortcut = False # mix the embedding into every block's input, learned weight
 embed_norm = False # RMS-norm the token embedding (no gain) before block 0; x0_shortcut's x0 is the normed one
 norm_gain = True # False: ln_1, ln_2 and ln_f without weights (nor biases), torch's default eps, as modded-nanogpt
 value_residual = False # mix block 0's values into every block's values, a learned weight per block
+value_scale = False # blocks without a value_embeds table scale their values by a learned weight (from 0.5)
+no_attn_layer = -1 # >= 0: the block of this index has no attention, only its MLP (modded-nanogpt's 4 Jan 2025: 7)
+rope_truncated = False # pos_emb='rope': half of each head's pairs turn, from 1 to 1/1024 rad a position; half not
 weight_init = 'gpt2' # 'gpt2': N(0, 0.02), c_proj scaled down; 'pytorch': torch's defaults (embedding N(0, 1))
 attn_window = 0 # > 0: each position attends to at most this many positions up to itself (sliding window); 0 = all
 attn_window_warmup_iters = 0 # > 0: the window grows from attn_window_warmup_start to attn_window over these iters
 attn_window_warmup_start = 64 # the window's first size, and its step as it grows (modded-nanogpt: 64 up to 1,792)
+attn_window_warmup_end = 0 # the window the warmup's line aims at (0: attn_window), capped at attn_window
+attn_window_block = 0 # > 0: the window in whole blocks of this many positions, FlexAttention's block masks (128)
 doc_token = -1 # >= 0: a document starts at each of these tokens (GPT-2's <|endoftext|>: 50256); attention stays in one
 activation_checkpointing = False # recompute each block in backward: much less activation memory, one more forward
 autocast_cache = False # keep autocast's low-precision copy of every weight through each forward (torch's default)
@@ -149,7 +154,7 @@ embedding_learning_rate = 0.0 # optim='muon': max lr of the embeddings (AdamW; t
 head_learning_rate = 0.0 # optim='muon', tie_weights=False: max lr of the untied lm_head (AdamW), 0 = learning_rate
 scalar_learning_rate = 0.0 # optim='muon': max lr of the mixing weights (skip, x0, value; AdamW), 0 = learning_rate
 muon_split_qkv = False # optim='muon': orthogonalize c_attn's q, k and v rows each on its own (modded-nanogpt's)
-muon_momentum_form = 'ema' # optim='muon': 'ema' (torch's Muon: an average) or 'sum' (modded-nanogpt's Muon)
+muon_momentum_form = 'ema' # optim='muon': 'ema' (torch's Muon: an average), 'sum' or 'ema_eps' (modded-nanogpt's)
 optimizer_in_backward = False # update each parameter in backward and free its gradient: needs accumulation 1, no clip
 weight_dtype = 'float32' # the weights' and gradients' dtype; in bfloat16 there is no fp32 copy, and updates are
                          # rounded stochastically (docs/optimizers.md)
@@ -337,7 +342,8 @@ on_error(KeyboardInterrupt, interrupted)
 
 def window_at(it):
     """The sliding window of iteration `it`: attn_window, or on its way there with attn_window_warmup_iters."""
-    return attn_window_at(it, raw_model.config.attn_window, attn_window_warmup_start, attn_window_warmup_iters)
+    return attn_window_at(it, raw_model.config.attn_window, attn_window_warmup_start, attn_window_warmup_iters,
+                          attn_window_warmup_end)
 
 # compile the model
 if compile:

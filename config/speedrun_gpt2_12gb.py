@@ -1,10 +1,10 @@
-# GPT-2 (124M) from scratch on one 12 GB card (e.g. RTX 3060 12GB): modded-nanogpt's record of 24 Nov 2024
+# GPT-2 (124M) from scratch on one 12 GB card (e.g. RTX 3060 12GB): modded-nanogpt's record of 4 Jan 2025
 # (docs/record.md) ported key by key: its model, initialization, optimizer groups and hyperparameters, schedules and
-# data order, 1,750 steps of 524,288 tokens (0.92B). Its seven runs ended at 3.2733-3.2833 FineWeb validation loss
-# (mean 3.2770, two of seven above 3.28): 3.28 is its mean, not a guarantee. What one card changes, each with its
-# reason in docs/recipe.md: the record's 8 x 65,536-token step accumulated as 64 x 8,192 in one process, masked
-# attention or FlashAttention's variable-length kernel where the record used FlexAttention, autocast over fp32
-# weights, validation on held-out FineWeb documents (with HellaSwag).
+# data order, 1,390 steps of 524,288 tokens (0.73B). Its 80 runs ended at FineWeb validation loss 3.2791 on average
+# (standard deviation 0.0019, 3.2753-3.2837): 3.28 is about its mean, not a guarantee. What one card changes, each
+# with its reason in docs/record.md: the record's 8 x 65,536-token step accumulated as 64 x 8,192 in one process, the
+# masked attention of the record's block-wise window where it used FlexAttention, autocast over fp32 weights (its
+# embeddings were bf16), validation on held-out FineWeb documents (with HellaSwag).
 # $ python prepare/openwebtext.py --dataset HuggingFaceFW/fineweb --name sample-10BT \
 #       --max_tokens 1_500_000_000 --out_dir data/fineweb
 # $ python estimate_memory.py config/speedrun_gpt2_12gb.py --gpu_memory_gb=12
@@ -15,9 +15,11 @@ dataset = 'fineweb'
 out_dir = 'out-speedrun-gpt2'
 
 # the record's model (training/recipe.py's RECIPES['record']): GPT-2 124M's width and depth with 6 heads of 128, no
-# biases; rotary positions, RMSNorm without gains everywhere (the embedding too), QK-norm, ReLU², an untied head,
-# logits soft-capped at 30; each block's input mixes in the normed embedding (x0 shortcut) and its values block 0's
-# (value residual); U-net skips from blocks 0-5 into 11-6. PyTorch's default init, projections and head at zero.
+# biases; rotary positions (half of each head's pairs turning), RMSNorm without gains everywhere (the embedding too),
+# QK-norm, ReLU², an untied head, logits soft-capped at 15; each block's input mixes in the normed embedding (x0
+# shortcut); three value-embedding tables whose rows mix into the values of blocks 0-2 and again 9-11, the other
+# blocks' values scaled by a learned weight; no attention in block 7; U-net skips from blocks 0-5 into 11-6.
+# PyTorch's default init, projections and head at zero.
 n_layer = 12
 n_head = 6
 n_embd = 768
@@ -30,34 +32,40 @@ embed_norm = True
 qk_norm = True
 mlp = 'relu2'
 tie_weights = False
-logit_softcap = 30.0
+logit_softcap = 15.0
 x0_shortcut = True
-value_residual = True
 unet_skips = True
-value_embeds = 0 # a later record's value embeddings: not this one's
+value_embeds = 3
+value_scale = True
+no_attn_layer = 7
+rope_truncated = True
 weight_init = 'pytorch'
 zero_init_proj = True
 
 # the record's layout: documents (each starting at <|endoftext|>, 50256) read in order, each token once; each position
-# attends to at most the attn_window positions up to itself in its own document, a window that grows from 64 to 1,792
-# in steps of 64 over the run. Rows of 8,192 tokens (the record's: 65,536, one per GPU), 64 a step: 524,288 tokens.
+# attends to the positions up to itself in its own document within the attn_window // 128 blocks of 128 up to its own,
+# as FlexAttention's block masks: from 1 block at first to 14 (1,792) from step 1,339, on a line towards 1,856. Rows
+# of 8,192 tokens (the record's: 65,536, one per GPU), 64 a step: 524,288 tokens.
 block_size = 8192
 batch_order = 'sequential'
 doc_token = 50256
 attn_window = 1792
-attn_window_warmup_start = 64
-attn_window_warmup_iters = 1750
+attn_window_block = 128
+attn_window_warmup_start = 128
+attn_window_warmup_end = 1856
+attn_window_warmup_iters = 1390
 batch_size = 1
 gradient_accumulation_steps = 64
-max_iters = 1750
-lr_decay_iters = 1750
+max_iters = 1390
+lr_decay_iters = 1390
 
-# the record's optimizer: Muon (its own momentum sum; q, k and v orthogonalized each on its own) at 0.05 for the
-# blocks' matrices, momentum 0.85 -> 0.95 over 300 steps; Adam (betas 0.8, 0.95) at 0.6 for the embedding, 0.008 for
-# the head, 0.04 for the scalars; no weight decay, no clipping; every lr flat, then linear to 0 over the last 640 steps
+# the record's optimizer: Muon (its momentum an average, divided by norm + 1e-7; q, k and v orthogonalized each on
+# its own) at 0.05 for the blocks' matrices, momentum 0.85 -> 0.95 over 300 steps; Adam (betas 0.8, 0.95) at 0.6 for
+# the embedding and the value-embedding tables, 0.008 for the head, 0.04 for the scalars; no weight decay, no
+# clipping; every lr flat, then linear to 0 over the last 40% of the steps (556)
 optim = 'muon'
 muon_split_qkv = True
-muon_momentum_form = 'sum'
+muon_momentum_form = 'ema_eps'
 muon_learning_rate = 0.05
 muon_momentum = 0.95
 muon_momentum_warmup_iters = 300
@@ -72,13 +80,14 @@ grad_clip = 0.0
 decay_lr = True
 lr_schedule = 'wsd'
 warmup_iters = 0
-cooldown_frac = 640 / 1750
+cooldown_frac = 0.4
 min_lr = 0.0
 
-# every 125 steps, as the record: val loss on 100 * 8,192 held-out FineWeb tokens (about all of val.bin; the record:
-# 10,485,760 of its own validation shard), and HellaSwag's 10,042 examples (downloaded once to data/hellaswag/;
-# OpenAI's GPT-2 124M scores acc_norm 0.2955 there, README: HellaSwag)
-eval_interval = 125
+# every 139 steps, the last at step 1,390 as the record's (which evaluates every 125 steps and at the end; train.py
+# evaluates at multiples of eval_interval only): val loss on 100 * 8,192 held-out FineWeb tokens (about all of val.bin;
+# the record: 10,485,760 of its own validation shard), and HellaSwag's 10,042 examples (downloaded once to
+# data/hellaswag/; OpenAI's GPT-2 124M scores acc_norm 0.2955 there, README: HellaSwag)
+eval_interval = 139
 eval_iters = 100
 eval_batch_size = 2
 hellaswag = True

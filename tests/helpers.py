@@ -111,19 +111,21 @@ def train_steps(model, optimizer, steps, first=0, scaler=None):
     return losses
 
 
-# every modern architecture option of GPTConfig (model.py) on, as train.py keys; the window is shorter than
-# TINY_ARGS' block_size (attention in blocks), grows to it from 2 over the first 6 iterations (2, 2, 4, 4, 6, 6, 8),
-# and token 0 (a character dataset's newline) starts each document
+# every modern architecture option of GPTConfig (model.py) on, as train.py keys, but value_scale and no_attn_layer,
+# which act on blocks without a value table: TINY_ARGS' 2 blocks both have one (tests/unit: their own); the window, in blocks of 2 positions, is shorter than TINY_ARGS'
+# block_size (attention in blocks), grows to it from 2 over the first 6 iterations (2, 2, 4, 4, 6, 6, 8), and token 0
+# (a character dataset's newline) starts each document
 MODERN_ARCH_ARGS = ['--pos_emb=rope', '--norm=rmsnorm', '--qk_norm=True', '--mlp=relu2', '--tie_weights=False',
                     '--zero_init_proj=True', '--logit_softcap=15.0', '--value_embeds=1', '--unet_skips=True',
                     '--x0_shortcut=True', '--embed_norm=True', '--norm_gain=False', '--value_residual=True',
-                    '--weight_init=pytorch', '--attn_window=8', '--attn_window_warmup_iters=6',
-                    '--attn_window_warmup_start=2', '--doc_token=0']
-# and the optimizer, schedule and batch order of the recipes: Muon (the record's: its momentum sum, q, k and v each on
-# its own), its momentum warmup, per-group learning rates, wsd, train.bin read in order
+                    '--rope_truncated=True', '--weight_init=pytorch', '--attn_window=8',
+                    '--attn_window_block=2', '--attn_window_warmup_iters=6', '--attn_window_warmup_start=2',
+                    '--doc_token=0']
+# and the optimizer, schedule and batch order of the recipes: Muon (the record's: its momentum an average divided by
+# norm + eps, q, k and v each on its own), its momentum warmup, per-group learning rates, wsd, train.bin read in order
 MODERN_RECIPE_ARGS = [*MODERN_ARCH_ARGS, '--optim=muon', '--muon_momentum_warmup_iters=4', '--lr_schedule=wsd',
                       '--embedding_learning_rate=0.05', '--head_learning_rate=0.004', '--scalar_learning_rate=0.02',
-                      '--muon_split_qkv=True', '--muon_momentum_form=sum', '--batch_order=sequential']
+                      '--muon_split_qkv=True', '--muon_momentum_form=ema_eps', '--batch_order=sequential']
 
 
 # one micro-batch per process per iteration at world size 2, two in one process: the same global batch

@@ -235,17 +235,21 @@ def optimizer_step(w, grads, state, step, cfg):
         update = newton_schulz(g + momentum * buf, cfg) * max(1, g.size(0) / g.size(1)) ** 0.5
         new_w[name] = w[name] - cfg.muon_lr * factor * update.to(w[name].dtype)
         new_state[name] = {'momentum_buffer': buf}
-    beta1, beta2 = cfg.betas
     for group, lr in (('embed', cfg.embed_lr), ('head', cfg.head_lr), ('scalar', cfg.scalar_lr)):
         for name in groups[group]:
-            g, s = grads[name], state.get(name, {})
-            t = s.get('step', 0) + 1
-            m = beta1 * s.get('exp_avg', torch.zeros_like(g)) + (1 - beta1) * g
-            v = beta2 * s.get('exp_avg_sq', torch.zeros_like(g)) + (1 - beta2) * g * g
-            denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)) + cfg.adam_eps
-            new_w[name] = w[name] - lr * factor / (1 - beta1 ** t) * m / denom
-            new_state[name] = {'step': t, 'exp_avg': m, 'exp_avg_sq': v}
+            new_w[name], new_state[name] = adam(w[name], grads[name], state.get(name, {}), lr * factor, cfg)
     return new_w, new_state
+
+
+def adam(weight, g, s, lr, cfg):
+    """torch.optim.Adam's step (no weight decay) on `weight` with gradient g and state s ({} at first): (new weight,
+    new state)."""
+    beta1, beta2 = cfg.betas
+    t = s.get('step', 0) + 1
+    m = beta1 * s.get('exp_avg', torch.zeros_like(g)) + (1 - beta1) * g
+    v = beta2 * s.get('exp_avg_sq', torch.zeros_like(g)) + (1 - beta2) * g * g
+    denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)) + cfg.adam_eps
+    return weight - lr / (1 - beta1 ** t) * m / denom, {'step': t, 'exp_avg': m, 'exp_avg_sq': v}
 
 
 def train_step(w, state, idx, targets, step, cfg):

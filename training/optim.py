@@ -129,8 +129,9 @@ def check_muon(config, world_size):
 # keys that only optim='muon' reads; 0, their default (and what a tool without them gets), changes nothing
 MUON_ONLY_KEYS = ('muon_momentum_warmup_iters', 'embedding_learning_rate', 'head_learning_rate', 'scalar_learning_rate',
                   'muon_split_qkv')
-# Muon's momentum (muon_momentum_form), the default first: 'ema' torch's, 'sum' modded-nanogpt's (Muon's docstring)
-MUON_MOMENTUM_FORMS = ('ema', 'sum')
+# Muon's momentum (muon_momentum_form), the default first: 'ema' torch's, 'sum' and 'ema_eps' modded-nanogpt's of
+# Nov 2024 and of Dec 2024 on (Muon's docstring)
+MUON_MOMENTUM_FORMS = ('ema', 'sum', 'ema_eps')
 # Muon's momentum at iteration 0 with muon_momentum_warmup_iters: nanochat's base_train.py get_muon_momentum (and
 # modded-nanogpt's records) raise it linearly from 0.85 to 0.95 over the first 300 iterations
 MUON_MOMENTUM_START = 0.85
@@ -414,7 +415,8 @@ def muon_param_groups(model, config):
     own, and with scalar_learning_rate so do the MIXING_SCALARS. group_lr gives each its learning rate ('lr_key':
     the config key of its peak). Empty groups are left out."""
     matrices = muon_matrices(model)
-    qkv = {id(block.attn.c_attn.weight) for block in model.transformer.h} if config.get('muon_split_qkv') else set()
+    qkv = {id(block.attn.c_attn.weight) for block in model.transformer.h
+           if block.attn is not None} if config.get('muon_split_qkv') else set()
     head = [] if model.config.tie_weights else [model.lm_head.weight]
     scalars = [p for name, p in model.named_parameters() if name.endswith(MIXING_SCALARS) and p.requires_grad
                and config.get('scalar_learning_rate')]
@@ -458,10 +460,11 @@ def newton_schulz(g, coefficients, steps, eps, clamp):
 class Muon(torch.optim.Muon):
     """torch's Muon (its hyperparameters, state and update, to the bit), and two more keys a group may set:
     'momentum_form' (muon_momentum_form): 'ema', torch's, the momentum an average, buf = lerp(buf, g, 1 - mu) and
-    Nesterov's lerp(g, buf, mu), orthogonalized after dividing by max(norm, eps); 'sum', modded-nanogpt's,
-    buf = mu * buf + g and g + mu * buf, divided by norm + eps. For a constant mu the two point the same way; while mu
-    warms up, 'ema' weighs each gradient by its step's 1 - mu. 'split' (k): the matrix's k blocks of rows
-    orthogonalized each on its own, each with its own lr adjustment (muon_split_qkv: c_attn's q, k and v)."""
+    Nesterov's lerp(g, buf, mu), orthogonalized after dividing by max(norm, eps); 'sum', modded-nanogpt's until
+    Nov 2024, buf = mu * buf + g and g + mu * buf, divided by norm + eps; 'ema_eps', its records' from Dec 2024,
+    'ema' divided by norm + eps. For a constant mu they point the same way; while mu warms up, 'ema' and 'ema_eps'
+    weigh each gradient by its step's 1 - mu. 'split' (k): the matrix's k blocks of rows orthogonalized each on its
+    own, each with its own lr adjustment (muon_split_qkv: c_attn's q, k and v)."""
 
     def __init__(self, params, momentum_form=MUON_MOMENTUM_FORMS[0], split=1, **options):
         super().__init__(params, **options)
@@ -489,7 +492,7 @@ class Muon(torch.optim.Muon):
                 p.mul_(1 - lr * group['weight_decay'])
                 for rows, block in zip(p.chunk(group['split']), update.chunk(group['split'])):
                     ortho = newton_schulz(block, group['ns_coefficients'], group['ns_steps'], group['eps'],
-                                          clamp=form == 'ema')
+                                          clamp=form == 'ema')  # 'sum' and 'ema_eps': norm + eps
                     rows.add_(ortho, alpha=-lr * math.sqrt(max(1, block.size(0) / block.size(1))))  # torch's adjustment
         return loss
 

@@ -1,6 +1,7 @@
-"""The recipes as train.py keys (docs/recipe.md): the one tuned on a CPU, and modded-nanogpt's record of 24 Nov 2024
-that the speedrun presets port (docs/record.md); nanoGPT's baseline, the CPU-tuned recipe's ablations, and the
-measure bench_optim.py compares them by: the step at which a run first reaches a loss."""
+"""The recipes as train.py keys (docs/recipe.md): the one tuned on a CPU, modded-nanogpt's record of 4 Jan 2025 that
+the speedrun presets port (docs/record.md) and its record of 24 Nov 2024 that they ported before; nanoGPT's
+baseline, the CPU-tuned recipe's ablations, and the measure bench_optim.py compares them by: the step at which a run
+first reaches a loss."""
 from training.errors import ConfigError
 from training.optim import MUON_ONLY_KEYS
 from training.rules import MODERN_DEFAULTS
@@ -12,21 +13,27 @@ BASELINE = {'optim': 'adamw', 'lr_schedule': 'cosine'}
 # zero-initialized projections, which cost loss in bench_optim.py's ablation, and its embedding shortcut, which
 # changed nothing measurable there (DROPPED). One value-embedding table: the most the ablation's 2-layer model
 # takes. U-net skips: neutral at 2 and 4 layers, paying at 8 (docs/recipe.md).
-# 'record': the 24 Nov 2024 record's model, initialization, optimizer groups, hyperparameters and schedule's shape,
+# 'record': the 4 Jan 2025 record's model, initialization, optimizer groups, hyperparameters and schedule's shape,
 # which config/speedrun_gpt2_*.py set at GPT-2's size (with its 6 heads of 128, its layout and schedule lengths);
-# the lengths (warmups, max_iters) and the shape are a run's own
+# the lengths (warmups, max_iters) and the shape are a run's own, and its blocks' pattern is at RECORD_DEPTH's scale
+# (run_keys). 'record_2024_11_24': the record the presets ported before, every key where the two differ.
+RECORD_DEPTH = 12
 RECIPES = {
     'cpu_tuned': {'pos_emb': 'rope', 'norm': 'rmsnorm', 'qk_norm': True, 'mlp': 'relu2', 'tie_weights': False,
                   'logit_softcap': 15.0, 'value_embeds': 1, 'unet_skips': True, 'optim': 'muon', 'lr_schedule': 'wsd',
                   'muon_learning_rate': 0.02, 'embedding_learning_rate': 0.01, 'head_learning_rate': 0.004},
-    'record': {'pos_emb': 'rope', 'norm': 'rmsnorm', 'norm_gain': False, 'qk_norm': True, 'mlp': 'relu2',
-               'tie_weights': False, 'zero_init_proj': True, 'logit_softcap': 30.0, 'unet_skips': True,
-               'x0_shortcut': True, 'embed_norm': True, 'value_residual': True, 'weight_init': 'pytorch',
-               'optim': 'muon', 'muon_split_qkv': True, 'muon_momentum_form': 'sum', 'muon_learning_rate': 0.05,
+    'record': {'pos_emb': 'rope', 'rope_truncated': True, 'norm': 'rmsnorm', 'norm_gain': False, 'qk_norm': True,
+               'mlp': 'relu2', 'tie_weights': False, 'zero_init_proj': True, 'logit_softcap': 15.0,
+               'unet_skips': True, 'x0_shortcut': True, 'embed_norm': True, 'value_residual': False,
+               'value_embeds': 3, 'value_scale': True, 'no_attn_layer': 7, 'weight_init': 'pytorch',
+               'optim': 'muon', 'muon_split_qkv': True, 'muon_momentum_form': 'ema_eps', 'muon_learning_rate': 0.05,
                'muon_momentum': 0.95, 'embedding_learning_rate': 0.6, 'head_learning_rate': 0.008,
                'scalar_learning_rate': 0.04, 'beta1': 0.8, 'beta2': 0.95, 'weight_decay': 0.0, 'grad_clip': 0.0,
-               'lr_schedule': 'wsd', 'warmup_iters': 0, 'cooldown_frac': 640 / 1750, 'min_lr': 0.0},
+               'lr_schedule': 'wsd', 'warmup_iters': 0, 'cooldown_frac': 0.4, 'min_lr': 0.0},
 }
+RECIPES['record_2024_11_24'] = {**RECIPES['record'], 'rope_truncated': False, 'logit_softcap': 30.0,
+                                'value_residual': True, 'value_embeds': 0, 'value_scale': False, 'no_attn_layer': -1,
+                                'muon_momentum_form': 'sum', 'cooldown_frac': 640 / 1750}
 RECIPE = RECIPES['cpu_tuned']  # the one the ablations below take apart
 # component: what the recipe without it has instead (GPT-2's or nanoGPT's choice)
 ABLATIONS = {'rope': {'pos_emb': 'learned'}, 'rmsnorm': {'norm': 'layernorm'}, 'qk_norm': {'qk_norm': False},
@@ -45,7 +52,8 @@ PACK = 4
 LAYOUTS = {'documents': {'documents': True}, 'packed': {'documents': True, 'pack': PACK},
            'window_warmup': {'documents': True, 'pack': PACK, 'window_warmup': 1},
            'window_warmup_long': {'documents': True, 'pack': PACK, 'window_warmup': 7 / 4}}
-RUNS = {'baseline': BASELINE, 'recipe': RECIPE, 'record': RECIPES['record'],
+RECORDS = ('record', 'record_2024_11_24')
+RUNS = {'baseline': BASELINE, 'recipe': RECIPE, **{name: RECIPES[name] for name in RECORDS},
         **{f'recipe-{component}': {**RECIPE, **change} for component, change in ABLATIONS.items()},
         **{f'recipe+{component}': {**RECIPE, **change} for component, change in {**DROPPED, **LAYOUTS}.items()}}
 
@@ -55,8 +63,16 @@ def run_keys(run, config):
     neither sets a modern key; a run on AdamW drops the keys only Muon reads. A run of LAYOUTS attends within the
     documents that config's eot_token separates, and its 'pack' multiplies block_size and divides batch_size by it,
     with attn_window the config's block_size; 'window_warmup' makes that window grow from block_size // 16 over
-    max_iters to its multiple of block_size."""
+    max_iters to its multiple of block_size. A record's value_embeds and no_attn_layer, set for RECORD_DEPTH blocks,
+    scale with n_layer, the block without attention kept only where it has no table (the 4 Jan 2025 record's 3 tables
+    and attention-less block 7: 1 table and block 2 of 4 blocks; 1 table and attention in both of 2)."""
     keys = {**MODERN_DEFAULTS, **config, **run}
+    if any(run is RECIPES[name] for name in RECORDS) and keys['n_layer'] != RECORD_DEPTH:
+        scale, tables = keys['n_layer'] / RECORD_DEPTH, keys['value_embeds']
+        tables = keys['value_embeds'] = max(1, round(tables * scale)) if tables else 0
+        layer = int(keys['no_attn_layer'] * scale)
+        kept = keys['no_attn_layer'] >= 0 and tables <= layer < keys['n_layer'] - tables
+        keys['no_attn_layer'] = layer if kept else -1
     if keys['optim'] != 'muon':
         keys.update(dict.fromkeys(MUON_ONLY_KEYS, 0))
     if keys.pop('documents', False):

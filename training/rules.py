@@ -107,6 +107,14 @@ def check_window_warmup(config):
     if iters and not 1 <= start <= window:
         raise ConfigError(f"attn_window_warmup_start={start} must be from 1 to attn_window={window}: the window's "
                           f"first size and its step, e.g. --attn_window_warmup_start={max(1, window // 16)}")
+    end = config['attn_window_warmup_end']
+    if iters and end and end < window:
+        raise ConfigError(f"attn_window_warmup_end={end} is below attn_window={window}: the warmup would never reach "
+                          f"the window; use 0 (attn_window) or more, e.g. --attn_window_warmup_end={window}")
+    block = config['attn_window_block']
+    if block and iters and start % block:
+        raise ConfigError(f"attn_window_warmup_start={start} is not a whole number of attn_window_block={block} "
+                          f"positions, as every window must be: e.g. --attn_window_warmup_start={block}")
 
 
 def check_choices(config, keys):
@@ -134,6 +142,13 @@ def check_architecture(config):
     if config['attn_window'] < 0:
         raise ConfigError(f"attn_window is a number of positions, 0 (the whole block) or more, got "
                           f"{config['attn_window']}: e.g. --attn_window=1024")
+    block = config['attn_window_block']
+    if block < 0 or (block and config['attn_window'] % block):
+        raise ConfigError(f"attn_window_block={block} must be 0 (a window by position) or a positive divisor of "
+                          f"attn_window={config['attn_window']}: e.g. --attn_window_block=128 with --attn_window=1792")
+    if config['rope_truncated'] and config['pos_emb'] != 'rope':
+        raise ConfigError(f"rope_truncated=True changes rotary embeddings, but pos_emb={config['pos_emb']!r} has "
+                          f"none: add --pos_emb=rope, or --rope_truncated=False")
     if config['init_from'] != 'scratch':
         return  # the rest are of the shape a new model is built with; a resumed one keeps its checkpoint's
     head_size = config['n_embd'] // config['n_head']
@@ -144,6 +159,13 @@ def check_architecture(config):
         raise ConfigError(f"value_embeds={config['value_embeds']} gives each table to a block of the first "
                           f"{config['value_embeds']} and one of the last {config['value_embeds']}, more than "
                           f"n_layer={config['n_layer']} blocks: use --value_embeds={config['n_layer'] // 2} or less")
+    layer, tables = config['no_attn_layer'], config['value_embeds']
+    if not -1 <= layer < config['n_layer']:
+        raise ConfigError(f"no_attn_layer={layer} is not a block of n_layer={config['n_layer']}: use 0 to "
+                          f"{config['n_layer'] - 1}, or -1 for attention in every block")
+    if layer >= 0 and tables and not tables <= layer < config['n_layer'] - tables:
+        raise ConfigError(f"no_attn_layer={layer} takes the attention of a block whose values value_embeds={tables} "
+                          f"mixes a table into: pick a block from {tables} to {config['n_layer'] - tables - 1}")
     if config['unet_skips'] and config['n_layer'] < 2:
         raise ConfigError("unet_skips=True connects the first half of the blocks to the second, but n_layer=1 has "
                           "no pair: use --n_layer=2 or more, or --unet_skips=False")

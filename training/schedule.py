@@ -43,12 +43,13 @@ def scheduled_lr(it, config):
     return cosine_lr(it, config['learning_rate'], config['min_lr'], config['warmup_iters'], config['lr_decay_iters'])
 
 
-def attn_window_at(it, attn_window, start, warmup_iters):
+def attn_window_at(it, attn_window, start, warmup_iters, end=0):
     """The sliding window of iteration `it` under a window warmup (train.py's attn_window_warmup_iters > 0): `start`
-    positions at the first iteration, growing linearly to attn_window at warmup_iters, in whole multiples of `start`;
-    attn_window from then on. modded-nanogpt's record of 24 Nov 2024 grew its window from 64 to 1,792 over the whole
-    run: early in training short context serves as well, and costs less."""
+    positions at the first iteration, growing linearly to `end` (0: attn_window) at warmup_iters, in whole multiples
+    of `start`, at most attn_window; attn_window from then on. modded-nanogpt's record of 24 Nov 2024 grew its window
+    from 64 to 1,792 over the whole run: early in training short context serves as well, and costs less; the one of
+    4 Jan 2025 from 128 towards 1,856, which reaches 1,792 at 96% of the run."""
     if it >= warmup_iters:
         return attn_window
-    grown = start + it / warmup_iters * (attn_window - start)
+    grown = start + it / warmup_iters * ((end or attn_window) - start)
     return min(attn_window, start * int(grown // start))

@@ -63,16 +63,18 @@ def test_finetune_presets_are_nanogpts_finetuning_of_a_gpt2(name):
 
 @pytest.mark.parametrize('name', ['speedrun_gpt2_12gb.py', 'speedrun_gpt2_8gb.py'])
 def test_speedrun_presets_are_the_record(name):
-    """The speedrun presets set training/recipe.py's RECIPES['record'] key by key, at GPT-2 124M's width and depth with
-    the record's 6 heads of 128; its layout (documents read in order, a window growing from 64 to 1,792 over the
-    1,750 steps), 524,288 tokens a step, Muon's momentum warmup and evaluation interval; HellaSwag besides."""
+    """The speedrun presets set training/recipe.py's RECIPES['record'] (the 4 Jan 2025 record) key by key, at GPT-2
+    124M's width and depth with the record's 6 heads of 128; its layout (documents read in order, a window of blocks
+    of 128 growing from 1 block towards 1,856 positions, at most 1,792, over the 1,390 steps), 524,288 tokens a step,
+    Muon's momentum warmup, an evaluation at the end; HellaSwag besides."""
     from training.recipe import RECIPES
     config = load(ROOT / 'config' / name)
     assert {k: config[k] for k in RECIPES['record']} == RECIPES['record']
-    assert (config['n_layer'], config['n_head'], config['n_embd'], config['value_embeds']) == (12, 6, 768, 0)
-    assert (config['attn_window'], config['attn_window_warmup_start']) == (1792, 64) and config['doc_token'] == 50256
-    assert config['attn_window_warmup_iters'] == config['max_iters'] == config['lr_decay_iters'] == 1750
+    assert (config['n_layer'], config['n_head'], config['n_embd']) == (12, 6, 768)
+    assert (config['attn_window'], config['attn_window_block'], config['attn_window_warmup_start'],
+            config['attn_window_warmup_end']) == (1792, 128, 128, 1856) and config['doc_token'] == 50256
+    assert config['attn_window_warmup_iters'] == config['max_iters'] == config['lr_decay_iters'] == 1390
     assert config['batch_order'] == 'sequential' and config['muon_momentum_warmup_iters'] == 300
     assert config['batch_size'] * config['gradient_accumulation_steps'] * config['block_size'] == 524_288
-    assert config['eval_interval'] == 125
+    assert config['eval_interval'] == 139 and config['max_iters'] % 139 == 0  # the last evaluation at the end
     assert config['dataset'] == 'fineweb' and config['hellaswag']

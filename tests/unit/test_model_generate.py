@@ -18,10 +18,16 @@ BLOCK_SIZE = 16
 MODERN = dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2', tie_weights=False, logit_softcap=15.0,
               value_embeds=1, unet_skips=True, x0_shortcut=True, attn_window=6, doc_token=3)
 WINDOW = dict(pos_emb='rope', attn_window=6) # the window alone: the cached positions' mask without documents
-# the speedrun presets' record: block 0's values mixed into every block's (value_residual), the normed embedding
-RECORD = dict(pos_emb='rope', norm='rmsnorm', norm_gain=False, embed_norm=True, qk_norm=True, mlp='relu2',
-              tie_weights=False, logit_softcap=30.0, unet_skips=True, x0_shortcut=True, value_residual=True,
-              attn_window=6, doc_token=3)
+# the 24 Nov 2024 record: block 0's values mixed into every block's (value_residual), the normed embedding
+RECORD_2024 = dict(pos_emb='rope', norm='rmsnorm', norm_gain=False, embed_norm=True, qk_norm=True, mlp='relu2',
+                   tie_weights=False, logit_softcap=30.0, unet_skips=True, x0_shortcut=True, value_residual=True,
+                   attn_window=6, doc_token=3)
+# the speedrun presets' record (4 Jan 2025) at 4 layers: the window in blocks of 2 positions (the cached positions'
+# masks by block too), half-turning rotary, no attention in block 2, the other blocks' values scaled or mixed
+RECORD = dict(RECORD_2024, value_residual=False, logit_softcap=15.0, n_layer=4, value_embeds=1, value_scale=True,
+              no_attn_layer=2, rope_truncated=True, attn_window_block=2)
+OPTIONS = dict(argvalues=[{}, MODERN, WINDOW, RECORD_2024, RECORD],
+               ids=['gpt2', 'modern', 'window', 'record of 24 Nov 2024', 'record'])
 
 
 def large_weights_gpt(**options):
@@ -45,7 +51,7 @@ def nanogpt_generate(model, idx, max_new_tokens, temperature=1.0, top_k=None):
     return gpt2_model_reference.GPT.generate(model, idx, max_new_tokens, temperature=temperature, top_k=top_k)
 
 
-@pytest.mark.parametrize('options', [{}, MODERN, WINDOW, RECORD], ids=['gpt2', 'modern', 'window', 'record'])
+@pytest.mark.parametrize('options', **OPTIONS)
 @pytest.mark.parametrize('sampling', [dict(top_k=1), dict(temperature=1.0), dict(temperature=0.8, top_k=5)],
                          ids=['greedy', 'sampled', 'sampled top_k'])
 @pytest.mark.parametrize('prompt_length, max_new_tokens', [(5, 9), (5, 30), (20, 6)],
@@ -67,7 +73,7 @@ def test_cached_and_uncached_generate_give_nanogpts_tokens(sampling, prompt_leng
     assert torch.equal(runs['uncached'], reference)
 
 
-@pytest.mark.parametrize('options', [{}, MODERN, WINDOW, RECORD], ids=['gpt2', 'modern', 'window', 'record'])
+@pytest.mark.parametrize('options', **OPTIONS)
 def test_forward_with_cache_gives_the_logits_of_the_whole_sequence(options):
     """The prompt, then one token, then several at once (each attending causally to the others and to the cache)."""
     model = large_weights_gpt(**options)

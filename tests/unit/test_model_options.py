@@ -1,7 +1,8 @@
 """model.py's modern architecture options (GPTConfig: pos_emb, norm, qk_norm, mlp, tie_weights, zero_init_proj,
-logit_softcap, value_embeds, unet_skips, x0_shortcut, embed_norm, norm_gain, value_residual, weight_init,
-attn_window, doc_token): the default path against the implementation before them, bit for bit; each option where it
-acts; logit soft-capping in the chunked loss against a naive full-logits reference, forward and backward."""
+logit_softcap, value_embeds, unet_skips, x0_shortcut, embed_norm, norm_gain, value_residual, value_scale,
+no_attn_layer, rope_truncated, weight_init, attn_window, attn_window_block, doc_token): the default path against the
+implementation before them, bit for bit; each option where it acts; logit soft-capping in the chunked loss against a
+naive full-logits reference, forward and backward."""
 import importlib.util
 import math
 
@@ -516,3 +517,86 @@ def test_rotary_frequencies_are_the_records_to_the_bit():
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 128, 2).float() / 128))
     angles = torch.outer(pos.float(), inv_freq)
     assert torch.equal(cos, angles.cos()) and torch.equal(sin, angles.sin())
+
+
+def test_value_scale_scales_the_values_of_blocks_without_a_table():
+    """value_scale: every attention has value_lambdas; a block without a table multiplies its values by the first (its
+    attention output scales with it, as attention is linear in the values) and leaves the second untouched."""
+    config = dict(SHAPE, n_layer=4, value_embeds=1)
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(**config))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**config, value_scale=True))
+    assert [block.attn.value_lambdas is not None for block in plain.transformer.h] == [True, False, False, True]
+    assert all(block.attn.value_lambdas is not None for block in model.transformer.h)
+    x = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(3))
+    _, loss = model(x, x)
+    loss.backward()
+    for block in model.transformer.h[1:3]:  # no table: only the scale learns
+        assert block.attn.value_lambdas.grad[0] != 0 and block.attn.value_lambdas.grad[1] == 0
+    assert loss.item() != plain(x, x)[1].item()  # at 0.5, the middle blocks' values halve
+    with torch.no_grad():
+        for block in model.transformer.h[1:3]:
+            block.attn.value_lambdas[0] = 1.0
+        torch.testing.assert_close(model(x, x)[1], plain(x, x)[1], rtol=0, atol=0)
+
+
+def test_no_attn_layer_leaves_that_block_its_mlp_alone():
+    """The block has no attention nor its norm (no parameter without a gradient); its output is x + mlp(norm(x)) of
+    its input, and the other blocks keep theirs."""
+    shape = {**SHAPE, 'n_layer': 3, 'bias': False}
+    model = GPT(GPTConfig(**shape, no_attn_layer=1))
+    block = model.transformer.h[1]
+    assert block.attn is None and block.ln_1 is None and model.transformer.h[2].attn is not None
+    everywhere = GPT(GPTConfig(**shape))  # less c_attn, c_proj and ln_1's gain
+    assert sum(p.numel() for p in model.parameters()) == \
+        sum(p.numel() for p in everywhere.parameters()) - 4 * 16 * 16 - 16
+    h = torch.randn(2, 5, 16)
+    torch.testing.assert_close(block(h)[0], h + block.mlp(block.ln_2(h)))
+    x = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(3))
+    model(x, x)[1].backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_rope_truncated_turns_half_of_each_heads_pairs_from_1_to_1_1024_radians():
+    """The first head_size / 4 pairs at (1/1024)**linspace(0, 1) radians a position, the others not at all: their
+    dimensions pass unrotated, and the scores still depend only on the distance."""
+    cos, sin = rotary_cos_sin(torch.arange(40), 16, truncated=True)
+    angles = torch.atan2(sin[1], cos[1])
+    torch.testing.assert_close(angles[:4], torch.tensor([1.0, 1024 ** (-1 / 3), 1024 ** (-2 / 3), 1 / 1024]))
+    assert torch.equal(cos[:, 4:], torch.ones(40, 4)) and torch.equal(sin[:, 4:], torch.zeros(40, 4))
+    q = torch.randn(1, 1, 1, 16, dtype=torch.float64)
+    rotated = apply_rotary(q, cos[30:31].double(), sin[30:31].double())
+    unturned = [*range(4, 8), *range(12, 16)]  # pairs (i, i + 8) for i from 4 to 7
+    assert torch.equal(rotated[..., unturned], q[..., unturned]) and not torch.allclose(rotated, q)
+    model, full = GPT(GPTConfig(**SHAPE, pos_emb='rope', rope_truncated=True)), GPT(GPTConfig(**SHAPE, pos_emb='rope'))
+    with torch.no_grad():  # weights large enough that attention depends on the positions
+        for p in model.parameters():
+            p.normal_(generator=torch.Generator().manual_seed(p.numel()))
+    full.load_state_dict(model.state_dict())
+    x = torch.randint(0, 50, (1, 16), generator=torch.Generator().manual_seed(3))
+    assert model(x, x)[1].item() != full(x, x)[1].item()
+
+
+def test_a_window_in_blocks_sees_whole_blocks_up_to_the_querys_own():
+    """attn_window_block=4, window 8: query q sees every key k <= q of its document whose block k // 4 is q's or the
+    one before, so from 4 to 7 positions back (not always the last 8 positions), as FlexAttention's block masks."""
+    pos = torch.arange(16)
+    docs = (torch.arange(16) >= 11).long()  # a document starts at 11
+    mask = local_attention_mask(pos, pos, 8, docs, docs, block=4)
+    brute = torch.tensor([[k <= q and q // 4 - k // 4 < 2 and docs[q] == docs[k] for k in range(16)]
+                          for q in range(16)])
+    assert torch.equal(mask, brute)
+    assert mask[7].nonzero().view(-1).tolist() == list(range(0, 8))  # the last of block 1: 8 positions back
+    assert mask[8].nonzero().view(-1).tolist() == [4, 5, 6, 7, 8]  # the first of block 2: from block 1's start
+    assert mask[12].nonzero().view(-1).tolist() == [11, 12]  # its document starts at 11
+    # the model: blocked_attention under this mask, the masked attention of every query and key, the same logits
+    model = GPT(GPTConfig(**{**SHAPE, 'block_size': 32}, attn_window=8, attn_window_block=4, doc_token=3))
+    x = torch.randint(0, 50, (2, 32), generator=torch.Generator().manual_seed(5))
+    attention = model.attention(x, torch.arange(32), None, 8)
+    assert attention.kind == 'window'
+    y = torch.randn(2, 2, 32, 8, dtype=torch.float64)
+    docs = (x == 3).cumsum(1)
+    dense = local_attention_mask(torch.arange(32), torch.arange(32), 8, docs, docs, block=4).unsqueeze(1)
+    torch.testing.assert_close(model_lib.blocked_attention(y, y, y, attention.mask, 0.0),
+                               F.scaled_dot_product_attention(y, y, y, attn_mask=dense))

@@ -1,11 +1,13 @@
-"""The speedrun preset is modded-nanogpt's record of 24 Nov 2024 (docs/record.md): our GPT and optimizer, built by
-training.step.build from config/speedrun_gpt2_12gb.py's keys scaled down (4 layers, the preset's 6 heads, rows of 128
-tokens holding several documents, the window and its warmup at 1/16 of their size), against tests/record_reference.py
-(written from docs/record.md, none of the project's model code), from the same weights, in float64 on the CPU: the
-loss, every gradient and the weights after each of two optimizer steps (the second from the first's state), taken
-through training.step.train_step as train.py takes them, twice: at the run's start (momentum and window warming up)
-and in the cooldown (lr decaying, the window near its end). The initialization is compared by its distributions.
-Each difference issue 40 found between the preset and the record, put back on our side, breaks the agreement."""
+"""training/recipe.py's 'record_2024_11_24' is modded-nanogpt's record of 24 Nov 2024, which the speedrun presets
+ported before the one of 4 Jan 2025 (docs/record.md): our GPT and optimizer, built by training.step.build from
+config/speedrun_gpt2_12gb.py's keys with that recipe and the record's lengths and window, scaled down (4 layers, the
+preset's 6 heads, rows of 128 tokens holding several documents, the window and its warmup at 1/16 of their size),
+against tests/record_reference.py (written from docs/record.md, none of the project's model code), from the same
+weights, in float64 on the CPU: the loss, every gradient and the weights after each of two optimizer steps (the second
+from the first's state), taken through training.step.train_step as train.py takes them, twice: at the run's start
+(momentum and window warming up) and in the cooldown (lr decaying, the window near its end). The initialization is
+compared by its distributions. Each difference issue 40 found between the preset and the record, put back on our side,
+breaks the agreement."""
 import math
 
 import pytest
@@ -15,11 +17,13 @@ import configurator
 import record_reference as R
 from helpers import ROOT
 from model import GPT, GPTConfig
-from training import rules, step
-from training.optim import schedule_groups
-from training.schedule import attn_window_at, scheduled_lr
+from record_port import disagreements as port_disagreements
+from training import recipe, rules
 
 PRESET = ROOT / 'config' / 'speedrun_gpt2_12gb.py'
+# the record's lengths and window, which the recipe leaves to a run: 1,750 steps, the window by position from 64
+NOV_2024 = dict(recipe.RECIPES['record_2024_11_24'], max_iters=1750, lr_decay_iters=1750, attn_window_warmup_iters=1750,
+                attn_window_warmup_start=64, attn_window_warmup_end=0, attn_window_block=0)
 SMALL = dict(n_layer=4, n_embd=48, block_size=128)  # and the preset's n_head: 6 heads of 8
 VOCAB, DOC_TOKEN = 96, 95
 SCALE = 16  # the window's start and end: 64 -> 4, 1,792 -> 112 (rows of 128: the window shorter than a row)
@@ -32,6 +36,7 @@ TOLERANCE = 1e-10  # relative to each tensor's largest value, in float64
 def preset_keys(**changes):
     """train.py's config of the 12 GB preset, with `changes` (train.py keys at their full-size values), scaled down."""
     config = configurator.load_config(configurator.train_keys(), [str(PRESET)])
+    config.update(NOV_2024)
     config.update(changes)
     config.update(SMALL, attn_window=config['attn_window'] // SCALE, doc_token=DOC_TOKEN, batch_size=1,
                   gradient_accumulation_steps=2, attn_window_warmup_start=config['attn_window_warmup_start'] // SCALE,
@@ -101,74 +106,13 @@ def tokens():
     return data[:, :-1].contiguous(), data[:, 1:].contiguous()
 
 
-class KeepsGradients:
-    """The optimizer, keeping a copy of the gradients of each step (train_step frees them after it)."""
-
-    def __init__(self, optimizer, model):
-        self.optimizer, self.names, self.grads = optimizer, {p: n for n, p in model.named_parameters()}, []
-
-    def step(self):
-        self.grads.append({self.names[p]: p.grad.clone() for p in self.names if p.grad is not None})
-        self.optimizer.step()
-
-    def zero_grad(self, set_to_none=True):
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-
-def our_steps(config, weights, first, x, y):
-    """[(loss, gradients, weights after)] of two of train.py's iterations from `first`, all under the record's names."""
-    model_args, _ = rules.model_args(config, VOCAB)
-    model, optimizer = step.build(config, model_args, 'cpu', 'cpu')
-    model.double()
-    state = model.state_dict()
-    with torch.no_grad():
-        for name, t in ours_from_record(weights).items():
-            if name in state:
-                state[name].copy_(t)
-    optimizer = KeepsGradients(optimizer, model)
-    batches = step.Prefetcher(iter([(x[:1], y[:1]), (x[1:], y[1:])] * 3))  # the 2 rows as 2 micro-steps, and ahead
-    results = []
-    for it in (first, first + 1):
-        schedule_groups(optimizer.optimizer, it, scheduled_lr(it, config), config)  # as train.py's loop
-        window = attn_window_at(it, config['attn_window'], config['attn_window_warmup_start'],
-                                config['attn_window_warmup_iters'])
-        with torch.no_grad():
-            _, loss = model(x, y, attn_window=window)  # in float64: train_step sums the losses it logs in fp32
-        logged, _ = step.train_step(model, optimizer, batches, config['gradient_accumulation_steps'],
-                                    grad_clip=config['grad_clip'], attn_window=window)
-        assert relative_error(logged.double(), loss) < 1e-6
-        after = {n: p.detach().clone() for n, p in model.named_parameters()}
-        results.append((loss, record_from_ours(optimizer.grads[-1]), record_from_ours(after)))
-    return results
-
-
-def reference_steps(weights, first, x, y):
-    results, state = [], {}
-    for it in (first, first + 1):
-        loss, grads, weights, state = R.train_step(weights, state, x, y, it, RECORD)
-        results.append((loss, grads, weights))
-    return results
-
-
-def relative_error(a, b):
-    return ((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item()
-
-
 def disagreements(**changes):
-    """{what: relative error} over TOLERANCE of the preset's port (with `changes`) against the record, for the loss,
+    """{what: relative error} over TOLERANCE of the recipe's port (with `changes`) against the record, for the loss,
     the gradients and the weights after each step, of the parameters both have."""
-    config, weights, (x, y) = preset_keys(**changes), off_start_weights(), tokens()
-    worst = {}
-    for first in FIRST_STEPS:
-        for i, (ours, record) in enumerate(zip(our_steps(config, weights, first, x, y),
-                                               reference_steps(weights, first, x, y))):
-            for kind, a, b in [('loss', ours[0], record[0]),
-                               *((f'grad {n}', ours[1][n], record[1][n]) for n in record[1] if n in ours[1]),
-                               *((f'weight {n}', ours[2][n], record[2][n]) for n in record[2] if n in ours[2])]:
-                error = relative_error(a.double(), b)
-                if error > TOLERANCE or math.isnan(error):
-                    worst[f'step {first + i}: {kind}'] = error
-    return worst
+    x, y = tokens()
+    return port_disagreements(preset_keys(**changes), VOCAB, off_start_weights(), x, y, FIRST_STEPS,
+                              lambda w, state, x, y, it: R.train_step(w, state, x, y, it, RECORD),
+                              ours_from_record, record_from_ours, TOLERANCE)
 
 
 def init_disagreements(**changes):
@@ -209,7 +153,7 @@ def test_the_presets_initialization_is_the_records():
 
 def test_the_presets_model_has_the_records_parameters():
     """162,201,642 parameters at full size, each of the record's shape under the weight map."""
-    config = configurator.load_config(configurator.train_keys(), [str(PRESET)])
+    config = {**configurator.load_config(configurator.train_keys(), [str(PRESET)]), **NOV_2024}
     model_args, _ = rules.model_args(config, None)
     with torch.device('meta'):
         model = GPT(GPTConfig(**model_args))

@@ -27,19 +27,23 @@ def test_nanogpt_layout_and_compiled_names_load(tmp_path):
 
 
 def test_model_args_of_the_later_speedrun_options_round_trip_through_a_checkpoint(tmp_path):
-    """train.py's model_args record value_embeds, unet_skips, x0_shortcut, attn_window and doc_token; sample.py's
-    load_model rebuilds the same model from them."""
+    """train.py's model_args record value_embeds, unet_skips, x0_shortcut, attn_window and doc_token, and the 4 Jan
+    2025 record's value_scale, no_attn_layer, rope_truncated and attn_window_block; sample.py's load_model rebuilds
+    the same model from them."""
     import configurator
     from training import rules
-    config = {**configurator.train_defaults(), 'n_layer': 4, 'n_head': 2, 'n_embd': 16, 'block_size': 16,
+    config = {**configurator.train_defaults(), 'n_layer': 6, 'n_head': 2, 'n_embd': 16, 'block_size': 16,
               'device': 'cpu', 'dtype': 'float32', 'value_embeds': 2, 'unet_skips': True, 'x0_shortcut': True,
-              'attn_window': 4, 'doc_token': 7}
+              'attn_window': 4, 'doc_token': 7, 'pos_emb': 'rope', 'value_scale': True, 'no_attn_layer': 3,
+              'rope_truncated': True, 'attn_window_block': 2}
     model_args, _ = rules.model_args(config, 50)
     model = tiny_gpt(0, **model_args)
     save_checkpoint({'model': model.state_dict(), 'model_args': model_args}, str(tmp_path))
     loaded, _ = ckpt.load_model('resume', str(tmp_path), 'cpu')
     assert (loaded.config.value_embeds, loaded.config.unet_skips, loaded.config.x0_shortcut) == (2, True, True)
     assert (loaded.config.attn_window, loaded.config.doc_token) == (4, 7)
+    assert (loaded.config.value_scale, loaded.config.no_attn_layer, loaded.config.rope_truncated,
+            loaded.config.attn_window_block) == (True, 3, True, 2)
     x = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
     model.eval()
     assert torch.equal(loaded(x, x)[1], model(x, x)[1])

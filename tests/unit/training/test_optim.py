@@ -372,6 +372,32 @@ def test_muon_sum_form_and_split_are_the_records_muon_on_q_k_and_v():
     assert (results['ema'] - results['sum']).abs().max() > 1e-6
 
 
+def test_muon_ema_eps_form_is_the_2025_records_muon():
+    """momentum_form='ema_eps': the 4 Jan 2025 record's Muon, an average as torch's (buf = lerp(buf, g, 1 - mu),
+    Nesterov lerp(g, buf, mu)) divided by norm + eps, over two steps of a warmup, in float64 on a (4d, d) matrix (lr
+    adjustment 2); 'ema' (torch's, max(norm, eps)) differs on small gradients."""
+    import record_reference
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(64, 16, generator=g, dtype=torch.float64)
+    grads = [1e-3 * torch.randn(64, 16, generator=g, dtype=torch.float64) for _ in range(2)]
+    w, buf = weight, torch.zeros(64, 16, dtype=torch.float64)
+    for grad, momentum in zip(grads, (0.85, 0.86)):
+        buf = torch.lerp(buf, grad, 1 - momentum)
+        w = w - 0.05 * 2 * record_reference.newton_schulz(torch.lerp(grad, buf, momentum),
+                                                          record_reference.RecordConfig(ns_dtype=None))
+    results = {}
+    for form in ('ema_eps', 'ema'):
+        p = torch.nn.Parameter(weight.clone())
+        muon = optim.Muon([dict(params=[p], momentum_form=form)], lr=0.05, weight_decay=0.0)
+        for grad, momentum in zip(grads, (0.85, 0.86)):
+            p.grad = grad.clone()
+            muon.param_groups[0]['momentum'] = momentum
+            muon.step()
+        results[form] = p.detach()
+    torch.testing.assert_close(results['ema_eps'], w, rtol=0, atol=1e-12)
+    assert (results['ema'] - results['ema_eps']).abs().max() > 1e-9
+
+
 def test_muon_split_qkv_and_scalar_learning_rate_make_their_own_groups():
     """muon_split_qkv: the c_attn matrices in a Muon group of their own, split in 3; scalar_learning_rate: the mixing
     weights in an AdamW group of their own at that lr; groups left empty (no gains, no biases) are dropped."""

@@ -1,13 +1,15 @@
 """training/recipe.py: the runs bench_optim.py compares the recipe by, and its steps-to-a-loss measure."""
 import pytest
 
-from training import recipe
+import configurator
+from training import recipe, rules
 from training.errors import ConfigError
 from training.optim import MUON_ONLY_KEYS
 from training.rules import MODERN_DEFAULTS
 
 CONFIG = {'optim': 'adamw', 'lr_schedule': 'cosine', 'learning_rate': 1e-3, 'muon_learning_rate': 0.02,
           'muon_momentum_warmup_iters': 50, 'embedding_learning_rate': 0.0, 'head_learning_rate': 0.0}
+TRAIN_KEYS = configurator.load_config(configurator.train_keys(), [])  # the rest of a config train.py checks
 
 
 def test_the_baseline_is_gpt2s_architecture_with_adamw_and_cosine():
@@ -21,8 +23,9 @@ def test_each_ablation_changes_only_its_component_back():
     full = recipe.run_keys(recipe.RUNS['recipe'], CONFIG)
     assert full['optim'] == 'muon' and full['lr_schedule'] == 'wsd' and full['muon_momentum_warmup_iters'] == 50
     dropped = {k for change in recipe.DROPPED.values() for k in change}
-    layout = {'attn_window', 'doc_token'}  # recipe.LAYOUTS' runs: how the tokens are laid out, compared on their own
-    record_only = {'embed_norm', 'norm_gain', 'value_residual', 'weight_init'}  # the record's, not tried on this one
+    layout = {'attn_window', 'attn_window_block', 'doc_token'}  # recipe.LAYOUTS' runs: compared on their own
+    record_only = {'embed_norm', 'norm_gain', 'value_residual', 'weight_init', 'value_scale', 'no_attn_layer',
+                   'rope_truncated'}  # the records', not tried on this one
     assert all(full[k] != v for k, v in MODERN_DEFAULTS.items()
                if k not in dropped | layout | record_only)  # every kept option is on
     for component, change in recipe.ABLATIONS.items():
@@ -73,14 +76,31 @@ def test_the_window_warmup_grows_the_packed_layouts_window_over_the_run():
     assert {k for k in long if long.get(k) != warmup.get(k)} == {'attn_window'} and long['attn_window'] == 112
 
 
-def test_the_record_sets_its_own_hyperparameters_over_the_runs_and_keeps_its_lengths():
-    """The record's run has every value of RECIPES['record'] whatever the config says, and the config's lengths."""
-    config = {**CONFIG, 'beta1': 0.9, 'weight_decay': 0.1, 'grad_clip': 1.0, 'max_iters': 100}
-    keys = recipe.run_keys(recipe.RUNS['record'], config)
-    assert {k: keys[k] for k in recipe.RECIPES['record']} == recipe.RECIPES['record']
+@pytest.mark.parametrize('name', recipe.RECORDS)
+def test_each_record_sets_its_own_hyperparameters_over_the_runs_and_keeps_its_lengths(name):
+    """A record's run has every value of its RECIPES entry whatever the config says, and the config's lengths; at
+    the record's depth its blocks' pattern too (the 4 Jan 2025 record's: 3 value tables, no attention in block 7)."""
+    config = {**CONFIG, 'beta1': 0.9, 'weight_decay': 0.1, 'grad_clip': 1.0, 'max_iters': 100,
+              'n_layer': recipe.RECORD_DEPTH}
+    keys = recipe.run_keys(recipe.RUNS[name], config)
+    assert {k: keys[k] for k in recipe.RECIPES[name]} == recipe.RECIPES[name]
     assert (keys['beta1'], keys['weight_decay'], keys['grad_clip'], keys['muon_split_qkv']) == (0.8, 0.0, 0.0, True)
     assert keys['max_iters'] == 100 and keys['muon_momentum_warmup_iters'] == 50
-    assert set(recipe.RECIPES['record']) - set(MODERN_DEFAULTS) >= {'optim', 'scalar_learning_rate'}
+    assert set(recipe.RECIPES[name]) - set(MODERN_DEFAULTS) >= {'optim', 'scalar_learning_rate'}
+    rules.check_config({**TRAIN_KEYS, **keys}, 1, 'cpu')
+
+
+def test_the_records_blocks_pattern_scales_with_the_depth():
+    """At 4 layers the 4 Jan 2025 record's 3 tables of 12 blocks are 1 (blocks 0 and 3), its attention-less block 7
+    is block 2; at 2 layers every block has the table and attention; the 24 Nov 2024 record has neither."""
+    keys = recipe.run_keys(recipe.RUNS['record'], {**CONFIG, 'n_layer': 4})
+    assert (keys['value_embeds'], keys['no_attn_layer']) == (1, 2)
+    rules.check_config({**TRAIN_KEYS, **keys}, 1, 'cpu')
+    before = recipe.run_keys(recipe.RUNS['record_2024_11_24'], {**CONFIG, 'n_layer': 4})
+    assert (before['value_embeds'], before['no_attn_layer']) == (0, -1)
+    two = recipe.run_keys(recipe.RUNS['record'], {**CONFIG, 'n_layer': 2})  # both blocks have the table
+    assert (two['value_embeds'], two['no_attn_layer']) == (1, -1)
+    rules.check_config({**TRAIN_KEYS, **two}, 1, 'cpu')
 
 
 def test_the_baseline_sweep_keeps_the_schedules_shape():

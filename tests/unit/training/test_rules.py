@@ -120,7 +120,7 @@ def test_model_args_of_a_gpt2_architecture_are_nanogpts_and_modern_keys_are_reco
     ({'mlp': 'swiglu'}, "unknown mlp 'swiglu'"),
     ({'weight_init': 'xavier'}, "unknown weight_init 'xavier': use one of 'gpt2', 'pytorch'"),
     ({'batch_order': 'shuffled'}, "unknown batch_order 'shuffled': use one of 'random', 'sequential'"),
-    ({'muon_momentum_form': 'nesterov'}, "unknown muon_momentum_form 'nesterov': use one of 'ema', 'sum'"),
+    ({'muon_momentum_form': 'nesterov'}, "unknown muon_momentum_form 'nesterov': use one of 'ema', 'sum', 'ema_eps'"),
     ({'scalar_learning_rate': 0.04}, "scalar_learning_rate=0.04 sets a parameter group of optim='muon'"),
     ({'init_from': 'gpt2', 'embed_norm': True}, "which embed_norm=True changes: drop --embed_norm"),
     ({'logit_softcap': -1.0}, 'logit_softcap must be 0 (off) or positive'),
@@ -139,6 +139,17 @@ def test_model_args_of_a_gpt2_architecture_are_nanogpts_and_modern_keys_are_reco
                                                           'attn_window=8: the window\'s first size and its step, '
                                                           'e.g. --attn_window_warmup_start=1'),
     ({'attn_window': 8, 'attn_window_warmup_iters': 100, 'attn_window_warmup_start': 0}, 'must be from 1 to'),
+    ({'attn_window': 8, 'attn_window_warmup_iters': 100, 'attn_window_warmup_start': 2, 'attn_window_warmup_end': 6},
+     'attn_window_warmup_end=6 is below attn_window=8: the warmup would never reach the window'),
+    ({'attn_window': 8, 'attn_window_block': 3}, 'attn_window_block=3 must be 0 (a window by position) or a positive '
+                                                 'divisor of attn_window=8'),
+    ({'attn_window': 8, 'attn_window_block': -4}, 'attn_window_block=-4 must be 0'),
+    ({'attn_window': 8, 'attn_window_block': 4, 'attn_window_warmup_iters': 100, 'attn_window_warmup_start': 2},
+     'attn_window_warmup_start=2 is not a whole number of attn_window_block=4 positions'),
+    ({'rope_truncated': True}, "rope_truncated=True changes rotary embeddings, but pos_emb='learned' has none"),
+    ({'no_attn_layer': 2}, 'no_attn_layer=2 is not a block of n_layer=2: use 0 to 1, or -1'),
+    ({'no_attn_layer': 1, 'value_embeds': 1}, 'no_attn_layer=1 takes the attention of a block whose values '
+                                              'value_embeds=1 mixes a table into'),
     ({'embedding_learning_rate': 0.3}, "embedding_learning_rate=0.3 sets a parameter group of optim='muon'"),
     ({'optim': 'muon', 'muon_momentum_warmup_iters': -1}, 'muon_momentum_warmup_iters must be 0 or more'),
     ({'lr_schedule': 'linear'}, "unknown lr_schedule 'linear': use one of 'cosine', 'wsd'"),

@@ -43,6 +43,15 @@ def test_window_warmup_is_modded_nanogpts_and_reaches_attn_window():
     assert [attn_window_at(it, 10, 4, 4) for it in range(6)] == [4, 4, 4, 8, 10, 10]  # 4 + it / 4 * 6, floored
 
 
+def test_a_window_warmup_aimed_past_attn_window_is_capped_there():
+    """The record of 4 Jan 2025: blocks of 128, int(((1 - x) * 128 + x * 1856) // 128) of them at progress x, which
+    reach 14 (1,792) at step 1,339 of 1,390; a line aimed at attn_window itself reaches it only at the end."""
+    windows = [attn_window_at(it, 1792, 128, 1390, 1856) for it in range(1391)]
+    assert windows == [128 * int(((1 - it / 1390) * 128 + it / 1390 * 1856) // 128) for it in range(1391)]
+    assert windows.index(1792) == 1339 and max(windows) == 1792
+    assert [attn_window_at(it, 1792, 128, 1390) for it in (1339, 1389)] == [1664, 1664]
+
+
 def test_without_window_warmup_the_window_is_attn_window():
     assert [attn_window_at(it, 1024, 64, 0) for it in (0, 1, 1000)] == [1024] * 3
     assert attn_window_at(0, 0, 64, 0) == 0  # no window: GPT-2's attention over the block
