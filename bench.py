@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 import configurator
-from chunked_loss import chunked_cross_entropy, default_chunk_size, naive_cross_entropy
+from chunked_loss import chunk_rows, chunked_cross_entropy, naive_cross_entropy
 from model import GPTConfig
 from training import card, rules
 from training.optim import warm_up
@@ -51,7 +51,7 @@ def torch_linear_cross_entropy():
     if not (hasattr(F, 'linear_cross_entropy') and hasattr(torch.nn, 'LinearCrossEntropyOptions')):
         return None
 
-    def loss_fn(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean'):
+    def loss_fn(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean', chunk_bytes=None):
         return F.linear_cross_entropy(hidden, weight, targets, ignore_index=ignore_index, reduction=reduction,
                                       options=torch.nn.LinearCrossEntropyOptions())
     return loss_fn
@@ -78,7 +78,7 @@ profile = False # train mode: the torch profiler (traces in ./bench_log) instead
                 # split one run of each method into its matmuls and the rest, with torch.profiler
 # loss mode
 loss_rows = '4096,8192' # the N of hidden (N, n_embd) @ weight (vocab_size, n_embd).T, comma-separated
-chunk_size = '0' # chunked_cross_entropy's rows per chunk, comma-separated to compare several; 0 = its default
+chunk_size = '0' # chunked_cross_entropy's rows per chunk, comma-separated to compare several; 0 = loss_chunk_mib's
 loss_runs = 5 # timed forward+backward runs per method and N, after a first call; the median is reported
 # sample mode
 max_new_tokens = 500 # generated from a one-token prompt by each generate
@@ -352,9 +352,9 @@ def loss_methods():
     libraries."""
     losses = {'naive F.cross_entropy(F.linear)': LOSSES['naive']}
     for chunk in chunk_sizes:
-        rows = chunk or default_chunk_size(vocab_size)
-        losses[f'chunked_cross_entropy, {rows} rows'] = lambda h, w, t, rows=rows: chunked_cross_entropy(
-            h, w, t, chunk_size=rows)
+        name = f'chunked_cross_entropy, {chunk} rows' if chunk else f'chunked_cross_entropy, {loss_chunk_mib} MiB'
+        losses[name] = lambda h, w, t, chunk=chunk: chunked_cross_entropy(h, w, t, chunk_size=chunk or None,
+                                                                          chunk_bytes=loss_chunk_mib * 2 ** 20)
     if LOSSES['torch'] is not None:
         losses['torch F.linear_cross_entropy'] = LOSSES['torch']
     else:
@@ -372,8 +372,8 @@ def bench_loss():
         return lambda h, w, t: loss_fn(h, w, t).backward()
 
     methods = {name: backward_of(loss_fn) for name, loss_fn in loss_methods().items()}
-    default_rows = default_chunk_size(vocab_size)
-    methods[f'floor: 3 matmuls alone, {default_rows} rows'] = lambda h, w, t: matmuls_alone(h, w, default_rows)
+    methods[f'floor: 3 matmuls alone, {loss_chunk_mib} MiB chunks'] = lambda h, w, t: matmuls_alone(
+        h, w, chunk_rows(h.shape[0], w.shape[0], w.shape[1], h.dtype, loss_chunk_mib * 2 ** 20))
     compiled = [name for name in methods if name.endswith(', compiled')]
     libraries = [name for name in methods if name.startswith(('liger', 'cut-cross'))]
 

@@ -16,16 +16,17 @@ NO_SCALER = torch.amp.GradScaler('cpu', enabled=False) # disabled: scale, unscal
 def build_model(config, model_args, checkpoint=None, **options):
     """train.py's model for `config`, on the CPU in config's weight_dtype (bf16 weights never exist there in fp32):
     GPT(model_args) from scratch, with `checkpoint`'s weights if given, or the pretrained weights init_from names
-    (cropped to model_args' block_size). options: GPT's constructor keywords beyond config's (tools: loss_fn,
-    flash_kernel)."""
+    (cropped to model_args' block_size), its loss chunked within loss_chunk_mib. options: GPT's constructor keywords
+    beyond config's (tools: loss_fn, flash_kernel)."""
     init_from = config['init_from']
+    options = dict(activation_checkpointing=config['activation_checkpointing'],
+                   loss_chunk_mib=config['loss_chunk_mib'], **options) # run-time choices, not in model_args
     if init_from in ('scratch', 'resume'):
-        model = GPT(GPTConfig(**model_args), activation_checkpointing=config['activation_checkpointing'], **options)
+        model = GPT(GPTConfig(**model_args), **options)
         if checkpoint is not None:
             load_model_state(model, checkpoint, config['out_dir'])
     else: # only dropout can be overridden
-        model = pretrained_model(init_from, config['dropout'],
-                                 activation_checkpointing=config['activation_checkpointing'], **options)
+        model = pretrained_model(init_from, config['dropout'], **options)
         if model_args['block_size'] < model.config.block_size: # crop down the block size, using model surgery
             model.crop_block_size(model_args['block_size'])
     weight_dtype = TORCH_DTYPES[config['weight_dtype']]

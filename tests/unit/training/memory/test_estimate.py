@@ -204,7 +204,9 @@ def test_ladder_climbs_to_the_first_rung_that_fits(tiny, trace_once):
     plain, checkpointed = (total(em.rebatched({**tiny, 'activation_checkpointing': on}, 1)) for on in (False, True))
     budget = (plain + checkpointed) // 2
     steps = em.ladder(tiny, budget)
+    # smaller loss chunks change nothing where the loss runs in one piece (a 96-token vocabulary)
     assert [(step['rung'], step['fits']) for step in steps] == [('as configured', False),
+                                                                 ('smaller loss chunks', False),
                                                                  ('activation checkpointing', True)]
     last = steps[-1]
     assert last['batch_1_total_bytes'] == checkpointed and last['total_bytes'] <= budget
