@@ -5,6 +5,8 @@ $ python bench.py                  # mode=train: GPT-2 124M training iterations:
 $ python bench.py config/speedrun_gpt2_12gb.py  # the same for a train.py preset's model, optimizer and micro-batch
 $ python bench.py --loss=chunked,naive,torch --find_batch_size=True  # the same for each loss, and (CUDA) the
                                    # largest micro-batch each one trains at
+$ python bench.py --count_ops=True --device=cpu  # the operators (GPU kernel launches) of an iteration, by part, with
+                                   # our loss, the naive one, and nanoGPT's loop; no GPU needed
 $ python bench.py --mode=loss      # the loss path alone: naive, chunked, torch's, Liger's and CCE's (CUDA), matmul
                                    # floor; with --compile=True (the default on CUDA) each also compiled
 $ python bench.py --mode=sample --device=cpu  # GPT.generate with its KV cache against nanoGPT's, 500 new tokens
@@ -74,6 +76,9 @@ num_steps = 20 # training iterations timed, after the burn-in
 loss = 'chunked' # the losses to time, comma-separated (LOSSES: chunked_loss.py's, nanoGPT's full logits, torch's chunked
                  # F.linear_cross_entropy); each with the same model, data and micro-batch
 find_batch_size = False # also find the largest micro-batch each loss trains at, by trying it on the GPU (CUDA only)
+count_ops = False # train mode: instead of timing, the aten operators (kernel launches) of one iteration by part, with
+                  # our loss and the naive one in train.py's step and nanoGPT's loop (training/opcount.py); the
+                  # config's model, with its dataset's vocabulary as in train.py (vocab_size does not apply)
 profile = False # train mode: the torch profiler (traces in ./bench_log) instead of simple timing; loss mode: also
                 # split one run of each method into its matmuls and the rest, with torch.profiler
 # loss mode
@@ -257,6 +262,24 @@ def bench_train_loss(name, get_batch, device_peak):
         bounds = (0, batch_size) if figures['oom'] else (batch_size, None)
         figures['largest'] = largest_micro_batch(step, optimizer, *bounds)
     return figures
+
+
+def bench_count_ops():
+    """training/opcount.py's count of one iteration of this config, as on CUDA (fused AdamW; fake tensors: any size
+    counts in seconds): train.py's step with our loss and with nanoGPT's, and nanoGPT's loop, part by part."""
+    from training.opcount import PARTS, count_step
+    keys = {**config, **SCRATCH, 'world_size': 1}
+    columns = {'ours, chunked loss': count_step(keys, 'chunked'), 'ours, naive loss': count_step(keys, 'naive'),
+               "nanoGPT's loop, naive loss": count_step(keys, 'naive', 'nanogpt')}
+    print(f'aten operators of one training iteration: {n_layer} layers, micro-batch {batch_size} x {block_size}, '
+          f'gradient_accumulation_steps={gradient_accumulation_steps}, grad_clip={grad_clip}, {dtype} autocast, '
+          f'loss_chunk_mib={loss_chunk_mib}, as on CUDA (fused AdamW)')
+    print(f"{'part':<14}" + ''.join(f'{name:>28}' for name in columns))
+    for part in (*PARTS, 'total'):
+        counts = [sum(c.values()) if part == 'total' else c[part] for c in columns.values()]
+        print(f'{part:<14}' + ''.join(f'{count:>28,}' for count in counts))
+    ours, naive = (sum(c.values()) for c in list(columns.values())[:2])
+    print(f'chunked loss against the naive one: {ours / naive - 1:+.1%} operators a step')
 
 
 def bench_train():
@@ -493,7 +516,9 @@ def bench_card():
     print('wrote ' + ' and '.join(card.write_report(result, card_report)))
 
 
-if mode == 'train':
+if mode == 'train' and count_ops:
+    bench_count_ops()
+elif mode == 'train':
     bench_train()
 elif mode == 'loss':
     bench_loss()
