@@ -25,7 +25,8 @@ VOCAB_BLOCK = 8192  # rows of the weight gradient a low-precision product covers
 
 
 def _accumulation_dtype(compute_dtype):
-    return torch.promote_types(compute_dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
+    """fp32, or fp64 for fp64 inputs: torch.promote_types(compute_dtype, fp32), without its operator."""
+    return torch.float64 if compute_dtype == torch.float64 else torch.float32
 
 
 def weight_gradient_block(vocab_size, n_embd, compute_dtype, chunk_bytes=DEFAULT_CHUNK_BYTES):
