@@ -50,7 +50,7 @@ ESTIMATOR_DEFAULTS = dict(
 # The ladder of memory levers (--ladder), in order: each rung adds its keys to the rungs before it, at what cost
 LADDER = (
     ('as configured', {}, ''),
-    ('smaller loss chunks', {'loss_chunk_mib': 256},
+    ('smaller loss chunks', {'loss_chunk_mib': 128},
      'the loss in more, smaller chunks: a few more kernel launches a step (docs/loss.md)'),
     ('activation checkpointing', {'activation_checkpointing': True},
      'one more forward pass of compute: each block runs its forward again in backward'),
