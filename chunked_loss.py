@@ -18,7 +18,7 @@ from torch.nn import functional as F
 # softmax and gradient, and a block of the weight gradient's product; chunk_bytes_per_row counts them. 1 GiB holds
 # 3,300 rows of GPT-2's 50304-token vocabulary under bf16 autocast, so batch 12 x 1024 takes 4 chunks: each chunk is
 # some 20 operators (kernel launches), which an eager GPU step of a small model waits on, and fewer, larger chunks
-# run the matmuls no slower (docs/loss.md). Where one chunk would hold every row, the loss runs in one piece.
+# run the matmuls no slower (docs/loss.md). Where nanoGPT's loss of every row fits it whole, that runs, in one piece.
 DEFAULT_CHUNK_BYTES = 2 ** 30
 LOG2E, LN2 = 1 / math.log(2), math.log(2)  # exp(x) = exp2(x * LOG2E), log(x) = log2(x) * LN2
 VOCAB_BLOCK = 8192  # rows of the weight gradient a low-precision product covers at once where the whole one won't fit
@@ -39,7 +39,8 @@ def weight_gradient_block(vocab_size, n_embd, compute_dtype, chunk_bytes=DEFAULT
 def chunk_bytes_per_row(vocab_size, n_embd, compute_dtype, need_grad=True, fused=False, softcap=0.0):
     """The bytes one row of a chunk allocates: the logits buffer (fp32 eagerly, the compute dtype compiled), beside
     it eagerly under autocast the low-precision product, then the gradient's low-precision copy g, a tanh buffer with
-    softcap and gradients (eager), and the row's (1, d) operands in the compute dtype (h scaled, g @ W)."""
+    softcap and gradients (eager), and the row's (1, d) operands in the compute dtype (h scaled, g @ W). The (N, d)
+    tensors of every row, as the hidden gradient, are the batch's, not a chunk's."""
     compute = compute_dtype.itemsize
     buffer = compute if fused else _accumulation_dtype(compute_dtype).itemsize
     tanh = buffer if softcap and need_grad and not fused else 0
@@ -61,7 +62,8 @@ def chunk_rows(n_rows, vocab_size, n_embd, compute_dtype, chunk_bytes=DEFAULT_CH
     product = weight_gradient_block(vocab_size, n_embd, compute_dtype, chunk_bytes) * n_embd * compute_dtype.itemsize
     per_row = chunk_bytes_per_row(vocab_size, n_embd, compute_dtype, need_grad, fused, softcap)
     most = max(1, (chunk_bytes - (product if need_grad else 0)) // per_row)
-    rows = -(-n_rows // -(-n_rows // most))  # n_rows split evenly over the fewest chunks of at most `most`
+    chunks = max(1, -(-n_rows // most))  # the fewest of at most `most` rows (one for no rows)
+    rows = max(1, -(-n_rows // chunks))  # n_rows split evenly over them
     rounded = -(-rows // 16) * 16
     return rounded if rounded <= most else rows
 
@@ -173,8 +175,10 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
     tanh_buffer = torch.empty_like(chunk_buffer) if softcap and need_grad and not fused else None
     # logits in base 2 (exp2 of them is exp of the logits), or z / softcap for the cap's tanh
     h_logits = _scaled(hidden, 1.0 / softcap if softcap else LOG2E, compute_dtype)
-    rows_of = dict(hidden=hidden, h_logits=h_logits if fused else h_logits.t(), targets=safe_targets, valid=valid,
-                   factors=row_factors, losses=row_losses, grad_hidden=grad_hidden)
+    # what each chunk reads or writes by rows (hidden for the weight gradient, valid for fp16's)
+    rows_of = dict(h_logits=h_logits if fused else h_logits.t(), targets=safe_targets, factors=row_factors,
+                   losses=row_losses, grad_hidden=grad_hidden, hidden=hidden if need_weight_grad else None,
+                   valid=None if fold_scales else valid)
     chunks = {name: tensor.split(chunk_size, dim=1 if name == 'h_logits' and not fused else 0)
               for name, tensor in rows_of.items() if tensor is not None}
     block = weight_gradient_block(vocab_size, w.shape[1], compute_dtype, chunk_bytes)
@@ -190,9 +194,8 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
             views[rows] = written, written if fused else written.t(), tanh
         return views[rows]
 
-    for k in range(len(chunks['hidden'])):
-        h, h_log = chunks['hidden'][k], chunks['h_logits'][k]
-        written, logits, tanh = buffer_views(h.shape[0])
+    for k, h_log in enumerate(chunks['h_logits']):
+        written, logits, tanh = buffer_views(h_log.shape[0 if fused else 1])
         if fused:
             torch.mm(h_log, w_t, out=written)
         elif written.dtype == compute_dtype:
@@ -211,7 +214,7 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
             torch.mul(g @ w, row_scales, out=chunks['grad_hidden'][k])  # scaled in fp32, not in the product's dtype
         if grad_weight is not None:
             # ignored rows (scale 0) add nothing to the weight gradient
-            h_scaled = _scaled(h, row_scales if fold_scales else chunks['valid'][k], compute_dtype)
+            h_scaled = _scaled(chunks['hidden'][k], row_scales if fold_scales else chunks['valid'][k], compute_dtype)
             if g.dtype == grad_weight.dtype:
                 grad_weight.addmm_(g.t(), h_scaled)  # accumulates in place: no (V, d) temporary
             elif weight_blocks is None:  # the low-precision product whole, accumulated in fp32
