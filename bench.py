@@ -42,6 +42,7 @@ from training.step import Prefetcher, build, build_model, train_step
 from training.device import TORCH_DTYPES, check_device, peak_flops
 from training.errors import ConfigError, fail, first_line, install_handler
 from training.memory.tracer import MemoryTracer
+from training.opcount import PARTS, count_step
 
 install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
 
@@ -267,12 +268,12 @@ def bench_train_loss(name, get_batch, device_peak):
 def bench_count_ops():
     """training/opcount.py's count of one iteration of this config, as on CUDA (fused AdamW; fake tensors: any size
     counts in seconds): train.py's step with our loss and with nanoGPT's, and nanoGPT's loop, part by part."""
-    from training.opcount import PARTS, count_step
     keys = {**config, **SCRATCH, 'world_size': 1}
     columns = {'ours, chunked loss': count_step(keys, 'chunked'), 'ours, naive loss': count_step(keys, 'naive'),
                "nanoGPT's loop, naive loss": count_step(keys, 'naive', 'nanogpt')}
     print(f'aten operators of one training iteration: {n_layer} layers, micro-batch {batch_size} x {block_size}, '
-          f'gradient_accumulation_steps={gradient_accumulation_steps}, grad_clip={grad_clip}, {dtype} autocast, '
+          f'gradient_accumulation_steps={gradient_accumulation_steps}, grad_clip={grad_clip}, '
+          f"{'no autocast' if dtype == 'float32' else dtype + ' autocast'}, "
           f'loss_chunk_mib={loss_chunk_mib}, as on CUDA (fused AdamW)')
     print(f"{'part':<14}" + ''.join(f'{name:>28}' for name in columns))
     for part in (*PARTS, 'total'):
