@@ -5,6 +5,8 @@ $ python bench.py                  # mode=train: GPT-2 124M training iterations:
 $ python bench.py config/speedrun_gpt2_12gb.py  # the same for a train.py preset's model, optimizer and micro-batch
 $ python bench.py --loss=chunked,naive,torch --find_batch_size=True  # the same for each loss, and (CUDA) the
                                    # largest micro-batch each one trains at
+$ python bench.py --count_ops=True --device=cpu  # the operators (GPU kernel launches) of an iteration, by part, with
+                                   # our loss, the naive one, and nanoGPT's loop; no GPU needed
 $ python bench.py --mode=loss      # the loss path alone: naive, chunked, torch's, Liger's and CCE's (CUDA), matmul
                                    # floor; with --compile=True (the default on CUDA) each also compiled
 $ python bench.py --mode=sample --device=cpu  # GPT.generate with its KV cache against nanoGPT's, 500 new tokens
@@ -32,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import configurator
-from chunked_loss import chunked_cross_entropy, default_chunk_size, naive_cross_entropy
+from chunked_loss import chunk_rows, chunked_cross_entropy, naive_cross_entropy
 from model import GPTConfig
 from training import card, rules
 from training.optim import warm_up
@@ -40,6 +42,7 @@ from training.step import Prefetcher, build, build_model, train_step
 from training.device import TORCH_DTYPES, check_device, peak_flops
 from training.errors import ConfigError, fail, first_line, install_handler
 from training.memory.tracer import MemoryTracer
+from training.opcount import PARTS, count_step
 
 install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
 
@@ -51,7 +54,7 @@ def torch_linear_cross_entropy():
     if not (hasattr(F, 'linear_cross_entropy') and hasattr(torch.nn, 'LinearCrossEntropyOptions')):
         return None
 
-    def loss_fn(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean'):
+    def loss_fn(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean', chunk_bytes=None):
         return F.linear_cross_entropy(hidden, weight, targets, ignore_index=ignore_index, reduction=reduction,
                                       options=torch.nn.LinearCrossEntropyOptions())
     return loss_fn
@@ -74,11 +77,14 @@ num_steps = 20 # training iterations timed, after the burn-in
 loss = 'chunked' # the losses to time, comma-separated (LOSSES: chunked_loss.py's, nanoGPT's full logits, torch's chunked
                  # F.linear_cross_entropy); each with the same model, data and micro-batch
 find_batch_size = False # also find the largest micro-batch each loss trains at, by trying it on the GPU (CUDA only)
+count_ops = False # train mode: instead of timing, the aten operators (kernel launches) of one iteration by part, with
+                  # our loss and the naive one in train.py's step and nanoGPT's loop (training/opcount.py); the
+                  # config's model, with its dataset's vocabulary as in train.py (vocab_size does not apply)
 profile = False # train mode: the torch profiler (traces in ./bench_log) instead of simple timing; loss mode: also
                 # split one run of each method into its matmuls and the rest, with torch.profiler
 # loss mode
 loss_rows = '4096,8192' # the N of hidden (N, n_embd) @ weight (vocab_size, n_embd).T, comma-separated
-chunk_size = '0' # chunked_cross_entropy's rows per chunk, comma-separated to compare several; 0 = its default
+chunk_size = '0' # chunked_cross_entropy's rows per chunk, comma-separated to compare several; 0 = loss_chunk_mib's
 loss_runs = 5 # timed forward+backward runs per method and N, after a first call; the median is reported
 # sample mode
 max_new_tokens = 500 # generated from a one-token prompt by each generate
@@ -259,6 +265,24 @@ def bench_train_loss(name, get_batch, device_peak):
     return figures
 
 
+def bench_count_ops():
+    """training/opcount.py's count of one iteration of this config, as on CUDA (fused AdamW; fake tensors: any size
+    counts in seconds): train.py's step with our loss and with nanoGPT's, and nanoGPT's loop, part by part."""
+    keys = {**config, **SCRATCH, 'world_size': 1}
+    columns = {'ours, chunked loss': count_step(keys, 'chunked'), 'ours, naive loss': count_step(keys, 'naive'),
+               "nanoGPT's loop, naive loss": count_step(keys, 'naive', 'nanogpt')}
+    print(f'aten operators of one training iteration: {n_layer} layers, micro-batch {batch_size} x {block_size}, '
+          f'gradient_accumulation_steps={gradient_accumulation_steps}, grad_clip={grad_clip}, '
+          f"{'no autocast' if dtype == 'float32' else dtype + ' autocast'}, "
+          f'loss_chunk_mib={loss_chunk_mib}, as on CUDA (fused AdamW)')
+    print(f"{'part':<14}" + ''.join(f'{name:>28}' for name in columns))
+    for part in (*PARTS, 'total'):
+        counts = [sum(c.values()) if part == 'total' else c[part] for c in columns.values()]
+        print(f'{part:<14}' + ''.join(f'{count:>28,}' for count in counts))
+    ours, naive = (sum(c.values()) for c in list(columns.values())[:2])
+    print(f'chunked loss against the naive one: {ours / naive - 1:+.1%} operators a step')
+
+
 def bench_train():
     get_batch = batch_source()
     device_peak = peak_flops(device)
@@ -352,9 +376,9 @@ def loss_methods():
     libraries."""
     losses = {'naive F.cross_entropy(F.linear)': LOSSES['naive']}
     for chunk in chunk_sizes:
-        rows = chunk or default_chunk_size(vocab_size)
-        losses[f'chunked_cross_entropy, {rows} rows'] = lambda h, w, t, rows=rows: chunked_cross_entropy(
-            h, w, t, chunk_size=rows)
+        name = f'chunked_cross_entropy, {chunk} rows' if chunk else f'chunked_cross_entropy, {loss_chunk_mib} MiB'
+        losses[name] = lambda h, w, t, chunk=chunk: chunked_cross_entropy(h, w, t, chunk_size=chunk or None,
+                                                                          chunk_bytes=loss_chunk_mib * 2 ** 20)
     if LOSSES['torch'] is not None:
         losses['torch F.linear_cross_entropy'] = LOSSES['torch']
     else:
@@ -372,8 +396,8 @@ def bench_loss():
         return lambda h, w, t: loss_fn(h, w, t).backward()
 
     methods = {name: backward_of(loss_fn) for name, loss_fn in loss_methods().items()}
-    default_rows = default_chunk_size(vocab_size)
-    methods[f'floor: 3 matmuls alone, {default_rows} rows'] = lambda h, w, t: matmuls_alone(h, w, default_rows)
+    methods[f'floor: 3 matmuls alone, {loss_chunk_mib} MiB chunks'] = lambda h, w, t: matmuls_alone(
+        h, w, chunk_rows(h.shape[0], w.shape[0], w.shape[1], h.dtype, loss_chunk_mib * 2 ** 20))
     compiled = [name for name in methods if name.endswith(', compiled')]
     libraries = [name for name in methods if name.startswith(('liger', 'cut-cross'))]
 
@@ -493,7 +517,9 @@ def bench_card():
     print('wrote ' + ' and '.join(card.write_report(result, card_report)))
 
 
-if mode == 'train':
+if mode == 'train' and count_ops:
+    bench_count_ops()
+elif mode == 'train':
     bench_train()
 elif mode == 'loss':
     bench_loss()

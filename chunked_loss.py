@@ -14,16 +14,59 @@ import math
 import torch
 from torch.nn import functional as F
 
-# Elements of the one buffer that holds a chunk's logits (chunk rows x vocab): 19 * 2**20 elements, 76 MiB in fp32,
-# 384 rows of GPT-2's 50304-token vocabulary, whatever the batch. Smaller chunks run the matmuls less efficiently,
-# larger ones cost memory without speed (docs/loss.md). Small vocabularies get one chunk.
-CHUNK_ELEMENTS = 19 * 2 ** 20
+# The bytes one chunk may allocate (GPT's loss_chunk_mib, train.py's key of that name): its logits, the buffers of its
+# softmax and gradient, and a block of the weight gradient's product; chunk_bytes_per_row counts them. 1 GiB holds
+# 3,300 rows of GPT-2's 50304-token vocabulary under bf16 autocast, so batch 12 x 1024 takes 4 chunks: each chunk is
+# some 20 operators (kernel launches), which an eager GPU step of a small model waits on, and fewer, larger chunks
+# run the matmuls no slower (docs/loss.md). Where nanoGPT's loss of every row fits it whole, that runs, in one piece.
+DEFAULT_CHUNK_BYTES = 2 ** 30
 LOG2E, LN2 = 1 / math.log(2), math.log(2)  # exp(x) = exp2(x * LOG2E), log(x) = log2(x) * LN2
-VOCAB_BLOCK = 8192  # rows of the weight gradient a low-precision product covers at once (12 MiB in bf16 at d=768)
+VOCAB_BLOCK = 8192  # rows of the weight gradient a low-precision product covers at once where the whole one won't fit
 
-def default_chunk_size(vocab_size):
-    rows = max(1, CHUNK_ELEMENTS // vocab_size)
-    return rows if rows < 16 else rows - rows % 16  # multiples of 16 suit matmul kernels
+
+def _accumulation_dtype(compute_dtype):
+    """fp32, or fp64 for fp64 inputs: torch.promote_types(compute_dtype, fp32), without its operator."""
+    return torch.float64 if compute_dtype == torch.float64 else torch.float32
+
+
+def weight_gradient_block(vocab_size, n_embd, compute_dtype, chunk_bytes=DEFAULT_CHUNK_BYTES):
+    """Vocabulary rows of the weight gradient's low-precision product (block, d), on its way into the fp32 gradient:
+    all of them (one matmul a chunk) where that takes at most a quarter of chunk_bytes, else VOCAB_BLOCK."""
+    whole = vocab_size * n_embd * compute_dtype.itemsize
+    return vocab_size if whole <= chunk_bytes // 4 else min(vocab_size, VOCAB_BLOCK)
+
+
+def chunk_bytes_per_row(vocab_size, n_embd, compute_dtype, need_grad=True, fused=False, softcap=0.0):
+    """The bytes one row of a chunk allocates: the logits buffer (fp32 eagerly, the compute dtype compiled), beside
+    it eagerly under autocast the low-precision product, then the gradient's low-precision copy g, a tanh buffer with
+    softcap and gradients (eager), and the row's (1, d) operands in the compute dtype (h scaled, g @ W). The (N, d)
+    tensors of every row, as the hidden gradient, are the batch's, not a chunk's."""
+    compute = compute_dtype.itemsize
+    buffer = compute if fused else _accumulation_dtype(compute_dtype).itemsize
+    tanh = buffer if softcap and need_grad and not fused else 0
+    low_precision = compute if buffer != compute else 0
+    return vocab_size * (buffer + low_precision + tanh) + 2 * n_embd * compute
+
+
+def one_piece_bytes(n_rows, vocab_size, compute_dtype, need_grad=True):
+    """The bytes of nanoGPT's loss in one piece (naive_cross_entropy): (rows, V) logits in the accumulation dtype,
+    their log-softmax and, in backward, its gradient (as measured with training/memory/tracer.py; the compute-dtype
+    logits die as their fp32 copy is made)."""
+    return n_rows * vocab_size * _accumulation_dtype(compute_dtype).itemsize * (3 if need_grad else 2)
+
+
+def chunk_rows(n_rows, vocab_size, n_embd, compute_dtype, chunk_bytes=DEFAULT_CHUNK_BYTES, need_grad=True,
+               fused=False, softcap=0.0):
+    """Rows a chunk of n_rows takes within chunk_bytes (at least 1): the fewest chunks that fit, of equal size, a
+    multiple of 16 (as matmul kernels like) where that still fits."""
+    product = weight_gradient_block(vocab_size, n_embd, compute_dtype, chunk_bytes) * n_embd * compute_dtype.itemsize
+    per_row = chunk_bytes_per_row(vocab_size, n_embd, compute_dtype, need_grad, fused, softcap)
+    most = max(1, (chunk_bytes - (product if need_grad else 0)) // per_row)
+    chunks = max(1, -(-n_rows // most))  # the fewest of at most `most` rows (one for no rows)
+    rows = max(1, -(-n_rows // chunks))  # n_rows split evenly over them
+    rounded = -(-rows // 16) * 16
+    return rounded if rounded <= most else rows
+
 
 def _compute_dtype(hidden, weight):
     """The dtype F.linear would compute in here: autocast's if autocast is on, else the inputs' common dtype."""
@@ -37,29 +80,32 @@ def _scaled(x, factor, dtype):
     return torch.mul(x, factor, out=torch.empty(x.shape, dtype=dtype, device=x.device))
 
 
-def _softmax_chunk(logits, targets, valid, row_factors, need_grad, fold_scales, softcap=0.0, tanh=None):
-    """One chunk's cross-entropy. logits: (rows, V) logits in base 2, overwritten; targets (0 on ignored rows), valid
-    and row_factors: (rows, 1). Returns the (rows, 1) losses in bits (0 on ignored rows) and, with need_grad, the
-    rows' gradient factors (rows, 1), logits then holding sum * (softmax - onehot) (fold_scales) or softmax - onehot.
+def _softmax_chunk(logits, targets, row_factors, need_grad, fold_scales, acc_dtype, softcap=0.0, tanh=None,
+                   losses=None):
+    """One chunk's cross-entropy. logits: (rows, V) logits in base 2, overwritten; targets (0 on ignored rows) and
+    row_factors: (rows, 1). Returns the (rows, 1) losses in bits (written to `losses` if given; ignored rows' too, the
+    caller masks them) and, with need_grad, the rows' gradient factors (rows, 1), logits then holding
+    sum * (softmax - onehot) (fold_scales) or softmax - onehot.
     softcap > 0: logits come in as z / softcap (natural units) and are capped to softcap * tanh(z / softcap) in bits
     here, the gradient taking the factor 1 - tanh**2 (d capped / d z).
-    Run eagerly, logits is an fp32 (fp64) buffer and every op a pass over it in place: no temporary of the chunk's
-    size (with softcap and need_grad, `tanh`, a buffer of logits' shape, keeps the tanh). Compiled
+    Run eagerly, logits is an fp32 (fp64: acc_dtype) buffer and every op a pass over it in place: no temporary of the
+    chunk's size (with softcap and need_grad, `tanh`, a buffer of logits' shape, keeps the tanh). Compiled
     (_compiled_softmax_chunk), logits may be in the matmul's dtype, upcast inside the kernel (an fp32 softmax without
     an fp32 buffer), and Inductor fuses the same ops: the chunk is read for its max and sum, then read again and the
     gradient written over it, where the eager path makes four to six passes. There the onehot is a comparison of
-    column indices, as scatter_add_ would stop the fusion, and `tanh` is None."""
+    column indices, as scatter_add_ would stop the fusion, and `tanh` is None.
+    Eagerly each op is a kernel launch, which an eager GPU step of a small model waits on: no op here is spare."""
     compiled = torch.compiler.is_compiling()
     # eagerly logits itself; compiled, a value in registers that only the gradient's write stores (bf16: upcast)
-    x = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=compiled)
+    x = logits.to(acc_dtype, copy=compiled)
     if softcap:
         tanh = torch.tanh(x, out=tanh) if need_grad else x.tanh_()
         x = torch.mul(tanh, softcap * LOG2E, out=x)
-    row_max = x.amax(1, keepdim=True)
+    x = x.sub_(x.amax(1, keepdim=True))  # each row's max is 0
     target_logits = x.gather(1, targets)
-    x = x.sub_(row_max).exp2_()
+    x = x.exp2_()
     sum_exp = x.sum(1, keepdim=True)  # >= 1: the max term is 2**0
-    losses = torch.where(valid, row_max + sum_exp.log2() - target_logits, 0.0)
+    losses = torch.sub(sum_exp.log2(), target_logits, out=losses)
     if not need_grad:
         return losses, None
     if fold_scales:
@@ -73,7 +119,8 @@ def _softmax_chunk(logits, targets, valid, row_factors, need_grad, fold_scales, 
         x.scatter_add_(1, targets, target_terms)
     if softcap:
         x = x.mul_(tanh.square_().neg_().add_(1.0))
-    logits.copy_(x)  # eagerly x is logits: no copy
+    if compiled:
+        logits.copy_(x)  # eagerly x is logits, written in place
     return losses, row_scales
 
 
@@ -85,7 +132,8 @@ def _compiled_softmax_chunk():
 
 
 def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
-                            need_hidden_grad, need_weight_grad, per_row=False, fused=False, softcap=0.0):
+                            need_hidden_grad, need_weight_grad, per_row=False, fused=False, softcap=0.0,
+                            chunk_bytes=DEFAULT_CHUNK_BYTES):
     """Mean cross-entropy of (hidden @ weight.T) against targets, chunk by chunk over the rows.
     With gradients asked for, they are computed in the same pass: d loss / d logits = (softmax - onehot) / n_valid
     for each chunk, then grad_hidden = g @ W and grad_weight += g.T @ h, so the total work is the three N*d*V
@@ -99,14 +147,17 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
     1 / n_valid, so the buffer becomes exp - sum * onehot = sum * (softmax - onehot) and is never divided.
     Under fp16 those scales (down to 1 / (n_valid * V)) fall below fp16's normal range, so there the softmax is
     normalized in fp32 before the cast and 1 / n_valid applied to the fp32 results.
+    Every per-row tensor is cut into the chunks' rows by one split, and the buffer's views made once a chunk length,
+    so a chunk costs its matmuls and softmax passes and little else in operators (kernel launches on a GPU).
     fused=True runs each chunk's softmax as compiled kernels (_compiled_softmax_chunk) instead of eager
     passes; its buffer is row-major, what a kernel reducing along rows reads best, in the compute dtype.
     per_row=True returns the (N,) losses of the rows (0 on ignored rows) instead of their mean.
     softcap > 0 caps the logits z to softcap * tanh(z / softcap): the factor folded into the rows is 1 / softcap
     instead of log2(e), the chunk's softmax applies tanh and log2(e) * softcap, and the eager path keeps the tanh in
-    a second buffer of the chunk's size for the gradient."""
+    a second buffer of the chunk's size for the gradient. chunk_bytes sizes the weight gradient's product blocks
+    (weight_gradient_block)."""
     w = weight.to(compute_dtype)  # the matmuls run in the compute dtype; casts are explicit: autocast changes nothing
-    acc_dtype = torch.promote_types(compute_dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
+    acc_dtype = _accumulation_dtype(compute_dtype)
     fold_scales = compute_dtype != torch.float16
     need_grad = need_hidden_grad or need_weight_grad
     n_rows, vocab_size = hidden.shape[0], weight.shape[0]
@@ -115,8 +166,7 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
     inv_count = 1.0 / valid.sum().clamp(min=1).to(acc_dtype)
     safe_targets = torch.where(valid, targets.unsqueeze(1), 0)  # (N, 1): vocabulary columns of the (rows, V) chunks
     row_factors = valid * inv_count  # 1 / n_valid, 0 on ignored rows
-    loss_sum = torch.zeros((), dtype=acc_dtype, device=hidden.device)  # in bits (log base 2) until the end
-    row_losses = torch.empty(n_rows, dtype=acc_dtype, device=hidden.device) if per_row else None
+    row_losses = torch.empty(n_rows, 1, dtype=acc_dtype, device=hidden.device)  # in bits (log base 2), unmasked
     grad_hidden = torch.empty_like(hidden) if need_hidden_grad else None
     grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if need_weight_grad else None
     softmax_chunk = _compiled_softmax_chunk() if fused else _softmax_chunk
@@ -124,41 +174,59 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
                                device=hidden.device)
     tanh_buffer = torch.empty_like(chunk_buffer) if softcap and need_grad and not fused else None
     # logits in base 2 (exp2 of them is exp of the logits), or z / softcap for the cap's tanh
-    logit_factor = 1.0 / softcap if softcap else LOG2E
-    for start in range(0, n_rows, chunk_size):
-        rows = slice(start, start + chunk_size)
-        h = hidden[rows]
-        h_log2e = _scaled(h, logit_factor, compute_dtype)
-        chunk = chunk_buffer[:vocab_size * h.shape[0]]  # contiguous for any rows
-        logits = chunk.view(h.shape[0], vocab_size) if fused else chunk.view(vocab_size, h.shape[0]).t()
-        tanh = None if tanh_buffer is None else tanh_buffer[:chunk.numel()].view(vocab_size, h.shape[0]).t()
-        if logits.dtype == compute_dtype:
-            torch.mm(h_log2e, w.t(), out=logits)
+    h_logits = _scaled(hidden, 1.0 / softcap if softcap else LOG2E, compute_dtype)
+    # what each chunk reads or writes by rows (hidden for the weight gradient, valid for fp16's)
+    rows_of = dict(h_logits=h_logits if fused else h_logits.t(), targets=safe_targets, factors=row_factors,
+                   losses=row_losses, grad_hidden=grad_hidden, hidden=hidden if need_weight_grad else None,
+                   valid=None if fold_scales else valid)
+    chunks = {name: tensor.split(chunk_size, dim=1 if name == 'h_logits' and not fused else 0)
+              for name, tensor in rows_of.items() if tensor is not None}
+    block = weight_gradient_block(vocab_size, w.shape[1], compute_dtype, chunk_bytes)
+    w_t = w.t() if fused else None
+    weight_blocks = grad_weight.split(block) if grad_weight is not None and block < vocab_size else None
+    views = {}  # rows -> (the (V, rows) or (rows, V) view of the buffer the matmul writes, logits (rows, V), tanh)
+
+    def buffer_views(rows):
+        if rows not in views:
+            chunk = chunk_buffer[:vocab_size * rows]  # contiguous for any rows
+            written = chunk.view(rows, vocab_size) if fused else chunk.view(vocab_size, rows)
+            tanh = None if tanh_buffer is None else tanh_buffer[:chunk.numel()].view(vocab_size, rows).t()
+            views[rows] = written, written if fused else written.t(), tanh
+        return views[rows]
+
+    for k, h_log in enumerate(chunks['h_logits']):
+        written, logits, tanh = buffer_views(h_log.shape[0 if fused else 1])
+        if fused:
+            torch.mm(h_log, w_t, out=written)
+        elif written.dtype == compute_dtype:
+            torch.mm(w, h_log, out=written)
         else:
-            logits.copy_((w @ h_log2e.t()).t())  # in the buffer's layout; softmax in fp32, as F.cross_entropy does
-        chunk_losses, row_scales = softmax_chunk(logits, safe_targets[rows], valid[rows], row_factors[rows],
-                                                 need_grad, fold_scales, softcap, tanh)
-        loss_sum += chunk_losses.sum()
-        if row_losses is not None:
-            row_losses[rows] = chunk_losses.squeeze(1)
+            written.copy_(torch.mm(w, h_log))  # in the buffer's dtype: softmax in fp32, as F.cross_entropy does
+        chunk_losses, row_scales = softmax_chunk(logits, chunks['targets'][k], chunks['factors'][k], need_grad,
+                                                 fold_scales, acc_dtype, softcap, tanh,
+                                                 None if fused else chunks['losses'][k])
+        if fused:
+            chunks['losses'][k].copy_(chunk_losses)
         if not need_grad:
             continue
         g = logits.to(compute_dtype)  # (rows, V), in the buffer's layout
         if grad_hidden is not None:
-            torch.mul(g @ w, row_scales, out=grad_hidden[rows])  # scaled in fp32, not in the product's dtype
+            torch.mul(g @ w, row_scales, out=chunks['grad_hidden'][k])  # scaled in fp32, not in the product's dtype
         if grad_weight is not None:
             # ignored rows (scale 0) add nothing to the weight gradient
-            h_scaled = _scaled(h, row_scales if fold_scales else valid[rows], compute_dtype)
+            h_scaled = _scaled(chunks['hidden'][k], row_scales if fold_scales else chunks['valid'][k], compute_dtype)
             if g.dtype == grad_weight.dtype:
                 grad_weight.addmm_(g.t(), h_scaled)  # accumulates in place: no (V, d) temporary
-            else:  # low-precision matmuls, fp32 accumulation, in vocabulary blocks: a whole (V, d) product would be
-                for block in range(0, vocab_size, VOCAB_BLOCK):  # another copy of the weight's size
-                    vocab = slice(block, block + VOCAB_BLOCK)
-                    grad_weight[vocab].add_(g[:, vocab].t() @ h_scaled)
+            elif weight_blocks is None:  # the low-precision product whole, accumulated in fp32
+                grad_weight.add_(g.t() @ h_scaled)
+            else:  # in blocks of the vocabulary, where the whole product would not fit a quarter of the budget
+                for rows, g_rows in zip(weight_blocks, g.t().split(block)):
+                    rows.add_(g_rows @ h_scaled)
         del g
     if grad_weight is not None and not fold_scales:
         grad_weight.mul_(inv_count)
-    loss = row_losses.mul_(LN2) if per_row else loss_sum * (inv_count * LN2)
+    row_losses = torch.where(valid, row_losses, 0.0)  # ignored rows' losses were computed against target 0
+    loss = row_losses.view(-1).mul_(LN2) if per_row else row_losses.sum() * (inv_count * LN2)
     return loss, grad_hidden, grad_weight
 
 
@@ -174,10 +242,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
     which carries gradient-accumulation (1/k) and GradScaler factors."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused, softcap):
+    def forward(ctx, hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused, softcap, chunk_bytes):
         loss, grad_hidden, grad_weight = _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size,
                                                                  compute_dtype, *ctx.needs_input_grad[:2], fused=fused,
-                                                                 softcap=softcap)
+                                                                 softcap=softcap, chunk_bytes=chunk_bytes)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         return loss
@@ -193,65 +261,86 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_hidden = scale(grad_hidden, grad_loss.to(grad_hidden.dtype))
         if grad_weight is not None:
             grad_weight = scale(grad_weight, grad_loss).to(ctx.weight_dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None
 
 
-def _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused, softcap):
+def _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused, softcap, chunk_bytes):
     """The (N,) losses, 0 on ignored rows: only the other rows are projected onto the vocabulary."""
     keep = targets != ignore_index
     kept = _chunked_loss_and_grads(hidden[keep], weight, targets[keep], ignore_index, chunk_size, compute_dtype,
-                                   False, False, per_row=True, fused=fused, softcap=softcap)[0]
+                                   False, False, per_row=True, fused=fused, softcap=softcap, chunk_bytes=chunk_bytes)[0]
     losses = kept.new_zeros(targets.shape)
     losses[keep] = kept
     return losses
 
 
 def chunked_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean',
-                          softcap=0.0):
+                          softcap=0.0, chunk_bytes=None):
     """Mean cross-entropy of the logits `hidden @ weight.T` against `targets`, ignoring `ignore_index`,
-    without ever holding more than about chunk_size x V logits. softcap > 0: of the logits
+    without ever holding more than chunk_bytes of logits and softmax buffers (None: DEFAULT_CHUNK_BYTES; chunk_rows
+    turns it into rows), or chunk_size rows of them if given. softcap > 0: of the logits
     softcap * tanh(logits / softcap) (Gemma 2's logit soft-capping), with their exact gradients.
 
-    hidden (N, d), weight (V, d), targets (N,) -> scalar. chunk_size=None uses default_chunk_size(V).
-    With gradients enabled the forward pass also computes both gradients (weight gradient accumulated in fp32);
-    under no_grad it computes the loss only. If every target is ignored the loss is 0 (not NaN).
+    hidden (N, d), weight (V, d), targets (N,) -> scalar. Where nanoGPT's loss (naive_cross_entropy) of all N rows
+    in one piece fits chunk_bytes and no chunk_size is given, that runs: fewer operators than even one chunk.
+    Chunked, with gradients enabled the forward pass also computes both gradients (weight gradient accumulated in
+    fp32); under no_grad it computes the loss only. If every target is ignored the loss is 0 (not NaN).
     reduction='none' returns the (N,) loss of each row instead, 0 on ignored rows, as F.cross_entropy does; it is
     for evaluation: ignored rows skip the vocabulary projection, and it has no gradients (an error if asked for).
     Called from code that torch.compile compiles (a compiled GPT), each chunk's softmax runs as compiled kernels
-    (the chunk loop and its matmuls stay eager); called eagerly, all of it is eager."""
+    (the chunk loop and its matmuls stay eager), and the one piece is compiled whole; called eagerly, all of it is
+    eager."""
+    chunk_bytes = DEFAULT_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    if reduction not in ('mean', 'none'):
+        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+    compute_dtype = _compute_dtype(hidden, weight)
+    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if reduction == 'none' and wants_grad:
+        raise RuntimeError("chunked_cross_entropy(reduction='none') has no gradients: call it under torch.no_grad()")
+    if chunk_size is None and one_piece_bytes(hidden.shape[0], weight.shape[0], compute_dtype,
+                                              wants_grad) <= chunk_bytes:
+        return _one_piece(hidden, weight, targets, ignore_index, reduction, softcap)
     return _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, reduction,
-                                  fused=torch.compiler.is_compiling(), softcap=float(softcap))
+                                  fused=torch.compiler.is_compiling(), softcap=float(softcap),
+                                  chunk_bytes=chunk_bytes, compute_dtype=compute_dtype, wants_grad=wants_grad)
+
+
+def _one_piece(hidden, weight, targets, ignore_index, reduction, softcap):
+    """naive_cross_entropy, its mean 0 (not NaN) where every target is ignored, as the chunked path's."""
+    if reduction == 'none':
+        return naive_cross_entropy(hidden, weight, targets, ignore_index=ignore_index, reduction='none',
+                                   softcap=softcap)
+    total = naive_cross_entropy(hidden, weight, targets, ignore_index=ignore_index, reduction='sum', softcap=softcap)
+    return total / (targets != ignore_index).sum().clamp(min=1)
 
 
 @torch._disable_dynamo  # a graph break here is cheap; the chunk loop stays eager under torch.compile
-def _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, reduction, fused, softcap=0.0):
-    """chunked_cross_entropy, run outside torch.compile's graphs; fused: each chunk's softmax compiled."""
+def _chunked_cross_entropy(hidden, weight, targets, ignore_index, chunk_size, reduction, fused, softcap, chunk_bytes,
+                           compute_dtype, wants_grad):
+    """chunked_cross_entropy in chunks, run outside torch.compile's graphs; fused: each chunk's softmax compiled."""
     if chunk_size is None:
-        chunk_size = default_chunk_size(weight.shape[0])
-    compute_dtype = _compute_dtype(hidden, weight)
-    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+        chunk_size = chunk_rows(hidden.shape[0], weight.shape[0], weight.shape[1], compute_dtype, chunk_bytes,
+                                wants_grad, fused, softcap)
     if reduction == 'none':
-        if wants_grad:
-            raise RuntimeError("chunked_cross_entropy(reduction='none') has no gradients: call it under "
-                               "torch.no_grad()")
         with torch.no_grad():
-            return _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused, softcap)
-    if reduction != 'mean':
-        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+            return _row_losses(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused, softcap,
+                               chunk_bytes)
     if not wants_grad:
         with torch.no_grad():
             return _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
-                                           False, False, fused=fused, softcap=softcap)[0]
+                                           False, False, fused=fused, softcap=softcap, chunk_bytes=chunk_bytes)[0]
     return _LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, fused,
-                                     softcap)
+                                     softcap, chunk_bytes)
 
 
-def naive_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean', softcap=0.0):
+def naive_cross_entropy(hidden, weight, targets, *, ignore_index=-1, chunk_size=None, reduction='mean', softcap=0.0,
+                        chunk_bytes=None):
     """nanoGPT's loss, for comparison (GPT(config, loss_fn=naive_cross_entropy) in bench.py and estimate_memory.py
-    --loss=naive): the full (N, vocab) logits, then cross-entropy. CUDA autocast runs cross-entropy's log_softmax in
-    fp32 (CPU autocast keeps bf16), so the cast is explicit and a trace on the CPU matches the GPU. softcap > 0: of
-    the logits capped as logit_softcap caps them."""
-    logits = F.linear(hidden, weight).float()
+    --loss=naive): the full (N, vocab) logits, then cross-entropy; chunk_size and chunk_bytes are ignored. CUDA
+    autocast runs cross-entropy's log_softmax in fp32 (CPU autocast keeps bf16), so the cast is explicit (fp64 stays
+    fp64) and a trace on the CPU matches the GPU. softcap > 0: of the logits capped as logit_softcap caps them."""
+    logits = F.linear(hidden, weight)
+    logits = logits.to(_accumulation_dtype(logits.dtype))
     if softcap:
         logits = softcap * torch.tanh(logits / softcap)
     return F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction=reduction)

@@ -194,10 +194,12 @@ class GPTConfig:
 
 class GPT(nn.Module):
 
-    def __init__(self, config, *, activation_checkpointing=False, loss_fn=None, flash_kernel=None):
+    def __init__(self, config, *, activation_checkpointing=False, loss_fn=None, flash_kernel=None,
+                 loss_chunk_mib=None):
         """Run-time choices, not GPTConfig fields, so checkpoints' model_args stay nanoGPT's. activation_checkpointing:
         each block recomputed in backward, for the activation memory of all but one block. loss_fn(hidden, weight,
-        targets, *, ignore_index, reduction[, softcap]): None is chunked_cross_entropy. flash_kernel: FlashAttention's
+        targets, *, ignore_index, reduction[, softcap][, chunk_bytes]): None is chunked_cross_entropy; loss_chunk_mib
+        (None: its default) becomes its chunk_bytes, the memory one chunk may take. flash_kernel: FlashAttention's
         variable-length kernel (varlen_kernel) for attn_window and doc_token: None where it runs, True also on a CPU
         (estimate_memory.py traces a CUDA run there), False never."""
         super().__init__()
@@ -207,6 +209,7 @@ class GPT(nn.Module):
         self.activation_checkpointing = activation_checkpointing
         self.loss_fn = chunked_cross_entropy if loss_fn is None else loss_fn
         self.flash_kernel = flash_kernel
+        self.loss_options = {} if loss_chunk_mib is None else {'chunk_bytes': int(loss_chunk_mib * 2 ** 20)}
 
         self.transformer = nn.ModuleDict(dict(
             wte = nn.Embedding(config.vocab_size, config.n_embd),
@@ -315,7 +318,7 @@ class GPT(nn.Module):
         softcap = self.config.logit_softcap
         if targets is not None:
             loss = self.loss_fn(x.view(b * t, -1), self.lm_head.weight, targets.view(-1), ignore_index=-1,
-                                reduction=reduction, **({'softcap': softcap} if softcap else {}))
+                                reduction=reduction, **({'softcap': softcap} if softcap else {}), **self.loss_options)
             return None, (loss if reduction == 'mean' else loss.view(b, t))
         # inference-time mini-optimization: only forward the lm_head on the very last position
         logits = self.lm_head(x[:, [-1], :]) # note: using list [-1] to preserve the time dim

@@ -134,6 +134,8 @@ attn_window_block = 0 # > 0: the window in whole blocks of this many positions, 
 doc_token = -1 # >= 0: a document starts at each of these tokens (GPT-2's <|endoftext|>: 50256); attention stays in one
 activation_checkpointing = False # recompute each block in backward: much less activation memory, one more forward
 autocast_cache = False # keep autocast's low-precision copy of every weight through each forward (torch's default)
+loss_chunk_mib = 1024 # MiB one chunk of the loss may take (logits, softmax buffers): fewer chunks launch fewer
+                      # kernels; a rows' loss that fits it whole runs as nanoGPT's (docs/loss.md)
 auto_batch_size = False # on CUDA, estimate_memory.py picks batch_size and gradient_accumulation_steps for the card
 gpu_headroom_gb = 0.5 # GiB of the card the estimate leaves to other programs (a desktop, a browser: a few 100 MiB)
 # adamw optimizer

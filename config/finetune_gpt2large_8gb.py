@@ -31,6 +31,7 @@ dtype = 'bfloat16'
 weight_dtype = 'bfloat16'
 optim = 'adamw_8bit'
 activation_checkpointing = True
+loss_chunk_mib = 128  # a tight card: the loss in chunks of ~384 of GPT-2's rows, not 1 GiB's
 
 # finetune at constant LR
 learning_rate = 3e-5

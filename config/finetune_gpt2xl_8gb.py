@@ -34,6 +34,7 @@ optimizer_in_backward = True  # each parameter updated, and its gradient freed, 
 grad_clip = 0.0  # no global norm exists until every gradient does: clipping is off with the step in backward
 compile = False  # a compiled backward returns its gradients together, which would take back the saving
 activation_checkpointing = True
+loss_chunk_mib = 128  # a tight card: the loss in chunks of ~384 of GPT-2's rows, not 1 GiB's
 # so close to the card's memory that the estimate leaves 0.1 GiB to other programs, not the default 0.5: run it with
 # nothing else on the GPU (the desktop on the integrated graphics, or none)
 gpu_headroom_gb = 0.1

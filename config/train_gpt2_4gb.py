@@ -14,6 +14,7 @@ batch_size = 4
 block_size = 1024
 gradient_accumulation_steps = 128
 activation_checkpointing = True
+loss_chunk_mib = 128  # a tight card: the loss in chunks of ~384 of GPT-2's rows, not 1 GiB's
 eval_batch_size = 4
 eval_iters = 100  # 100 * 4 windows, as the 12 GB preset's 50 * 8, in micro-batches of eval_batch_size
 

@@ -53,6 +53,16 @@ def loss_inputs(n=300, d=16, v=257, dtype=torch.float32, seed=0):
     return h, w, t
 
 
+def loss_budgets(n, v, dtype=torch.float32):
+    """chunk_bytes at which chunked_cross_entropy takes n rows of a v-token vocabulary (and a width up to 16) in
+    chunks of one row, of a few rows (a short last one), in one chunk (just below the one piece's bytes with
+    gradients), and in one piece (the default, for inputs this small), as pytest params."""
+    from chunked_loss import one_piece_bytes
+    budgets = {'one row a chunk': 1, 'a few rows a chunk': 150 * v, 'one chunk': one_piece_bytes(n, v, dtype) - 1,
+               'one piece': None}
+    return [pytest.param(budget, id=name) for name, budget in budgets.items()]
+
+
 def loss_and_grads(fn, h, w, t):
     """fn(h, w, t) and its gradients for h and w."""
     loss = fn(h, w, t)
@@ -232,24 +242,25 @@ def check_only_the_naive_loss_holds_the_logits(batch_size, n_layer):
     half the time) with nanoGPT's loss and with model.py's: the naive trace holds the (rows, 50304) bf16 logits and
     more, the chunked one nothing of them beyond a chunk. Returns (naive, chunked, logits): the training phases'
     traces and the logits' allocation."""
-    from chunked_loss import CHUNK_ELEMENTS, VOCAB_BLOCK
+    from chunked_loss import DEFAULT_CHUNK_BYTES
     from training.memory import estimate
     naive, chunked = (estimate.trace(gpt2_estimator_config(batch_size, n_layer=n_layer), loss, evaluate=False,
                                      warm_start=True)['train'] for loss in ('naive', 'chunked'))
     rows = batch_size * 1024
     logits = {'shape': [rows, 50304], 'dtype': 'bfloat16', 'bytes': rows * 50304 * 2, 'category': 'loss_path'}
     assert logits in naive['largest_loss_path_allocations'] and logits in naive['largest_allocations']
-    # the loss path holds nothing larger than its own gradients (hidden: rows x 768, weight: 50304 x 768, fp32),
-    # so nothing of the (rows, 50304) logits beyond a chunk
-    assert max(a['bytes'] for a in chunked['largest_loss_path_allocations']) <= max(rows, 50304) * 768 * 4
-    assert chunked['largest_allocations'][0]['bytes'] < logits['bytes'] / 4
-    # its gradients; under bf16 autocast the bf16 copy of the weight and a block of bf16 product on its way into the
-    # fp32 weight gradient; one chunk's fp32 logits buffer and a bf16 chunk beside it; a few MiB of (rows, d) pieces
+    # the loss path holds nothing larger than a chunk's budget, so nothing of the (rows, 50304) logits beyond a chunk
+    assert max(a['bytes'] for a in chunked['largest_loss_path_allocations']) <= DEFAULT_CHUNK_BYTES
+    assert chunked['largest_allocations'][0]['bytes'] <= DEFAULT_CHUNK_BYTES
+    # its gradients; under bf16 autocast the bf16 copy of the weight, the rows' bf16 (rows, d) operands; one chunk's
+    # fp32 logits buffer, a bf16 chunk beside it and the bf16 product on its way into the fp32 weight gradient, all
+    # within the chunk's budget
     gradients = (rows + 50304) * 768 * 4
-    beyond_gradients = (50304 + VOCAB_BLOCK) * 768 * 2 + CHUNK_ELEMENTS * (4 + 2) + 8 * 2 ** 20
+    beyond_gradients = 50304 * 768 * 2 + rows * 768 * 2 + DEFAULT_CHUNK_BYTES
     assert gradients < chunked['breakdown']['loss_path'] < gradients + beyond_gradients
-    # the naive loss's bf16 logits, their fp32 log-softmax and its fp32 gradient: 5 times the bf16 logits' bytes
-    assert naive['peak_bytes'] > chunked['peak_bytes'] + 5 * logits['bytes']
+    # the naive loss's bf16 logits, their fp32 log-softmax and its fp32 gradient: 5 times the bf16 logits' bytes,
+    # where the chunked loss takes its budget at most
+    assert naive['peak_bytes'] > chunked['peak_bytes'] - DEFAULT_CHUNK_BYTES + 5 * logits['bytes']
     return naive, chunked, logits
 
 

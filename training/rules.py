@@ -43,6 +43,9 @@ def check_config(config, world_size, device_type):
     if config['gpu_headroom_gb'] < 0:
         raise ConfigError(f"gpu_headroom_gb={config['gpu_headroom_gb']} must be 0 or more: the GiB of the card to "
                           f"leave free for other programs, e.g. --gpu_headroom_gb=0.5")
+    if config['loss_chunk_mib'] <= 0:
+        raise ConfigError(f"loss_chunk_mib={config['loss_chunk_mib']} must be positive: the MiB one chunk of the loss "
+                          f"may take, e.g. --loss_chunk_mib=128 on a tight card")
     if config['hellaswag_examples'] < 0:
         raise ConfigError(f"hellaswag_examples must be at least 1, or 0 for all; got {config['hellaswag_examples']}")
     if not 0.0 <= config['dropout'] < 1.0:

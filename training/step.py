@@ -16,16 +16,17 @@ NO_SCALER = torch.amp.GradScaler('cpu', enabled=False) # disabled: scale, unscal
 def build_model(config, model_args, checkpoint=None, **options):
     """train.py's model for `config`, on the CPU in config's weight_dtype (bf16 weights never exist there in fp32):
     GPT(model_args) from scratch, with `checkpoint`'s weights if given, or the pretrained weights init_from names
-    (cropped to model_args' block_size). options: GPT's constructor keywords beyond config's (tools: loss_fn,
-    flash_kernel)."""
+    (cropped to model_args' block_size), its loss chunked within loss_chunk_mib. options: GPT's constructor keywords
+    beyond config's (tools: loss_fn, flash_kernel)."""
     init_from = config['init_from']
+    options = dict(activation_checkpointing=config['activation_checkpointing'],
+                   loss_chunk_mib=config['loss_chunk_mib'], **options) # run-time choices, not in model_args
     if init_from in ('scratch', 'resume'):
-        model = GPT(GPTConfig(**model_args), activation_checkpointing=config['activation_checkpointing'], **options)
+        model = GPT(GPTConfig(**model_args), **options)
         if checkpoint is not None:
             load_model_state(model, checkpoint, config['out_dir'])
     else: # only dropout can be overridden
-        model = pretrained_model(init_from, config['dropout'],
-                                 activation_checkpointing=config['activation_checkpointing'], **options)
+        model = pretrained_model(init_from, config['dropout'], **options)
         if model_args['block_size'] < model.config.block_size: # crop down the block size, using model surgery
             model.crop_block_size(model_args['block_size'])
     weight_dtype = TORCH_DTYPES[config['weight_dtype']]
@@ -78,19 +79,21 @@ def train_step(model, optimizer, batches, accumulation, ctx=nullcontext(), scale
     on the device (no sync) and the gradient norm before clipping (None without clipping)."""
     scaler = scaler or NO_SCALER
     X, Y = batches.take() # fetched during the step before
-    loss_sum = torch.zeros((), device=X.device) # the mean micro-batch loss, kept on the device: no sync
+    loss_sum = None # the mean micro-batch loss, kept on the device: no sync
     for micro_step in range(accumulation):
         if set_sync is not None:
             set_sync(micro_step == accumulation - 1)
         with ctx:
             logits, loss = model(X, Y, attn_window=attn_window) # logits is None: never built when given targets
-            loss = loss / accumulation # scale the loss to account for gradient accumulation
-        loss_sum += loss.detach()
+        with torch.no_grad(): # outside the graph: no detach
+            loss_sum = loss / accumulation if loss_sum is None else loss_sum.add_(loss, alpha=1 / accumulation)
         # immediately async prefetch next batch while model is doing the forward pass on the GPU
         X, Y = batches.fetch()
-        # backward pass, with gradient scaling if training in fp16
-        scaler.scale(loss).backward()
-        del loss # not kept through the next micro-step's forward: loss_sum holds its value
+        # backward pass, with gradient scaling if training in fp16, of loss / accumulation: seeded with 1/accumulation
+        # where backward would seed ones_like(loss), rather than nanoGPT's division, an operator (a kernel launch) more
+        seed = None if accumulation == 1 else torch.full_like(loss, 1 / accumulation)
+        scaler.scale(loss).backward(seed)
+        del loss, seed # not kept through the next micro-step's forward: loss_sum holds the loss's value
     # clip the gradient
     grad_norm = None
     if grad_clip != 0.0:

@@ -24,6 +24,17 @@ def test_train_mode_prints_time_per_iteration():
     assert 'time per iteration: ' in result.stdout and 'MFU: ' in result.stdout
 
 
+def test_count_ops_prints_each_part_for_our_loss_the_naive_one_and_nanogpts_loop():
+    result = run_script('bench.py', *TINY_TRAIN, '--count_ops=True', '--gradient_accumulation_steps=2')
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: [int(n.replace(',', '')) for n in line.split()[1:]] for line in
+            result.stdout[result.stdout.index('part '):].splitlines()[1:-1]}
+    assert list(rows) == ['forward', 'loss', 'backward', 'accumulation', 'clipping', 'optimizer', 'logging', 'total']
+    assert all(len(counts) == 3 for counts in rows.values()) and rows['forward'][0] > 0
+    assert rows['accumulation'] == [4, 4, 4] and sum(rows['total']) > 0
+    assert 'chunked loss against the naive one: ' in result.stdout
+
+
 def test_train_mode_times_each_loss_on_the_same_batches_and_prints_a_row_for_each():
     losses = ['chunked', 'naive'] + (['torch'] if hasattr(torch.nn, 'LinearCrossEntropyOptions') else [])
     result = run_script('bench.py', *TINY_TRAIN, '--real_data=False', f"--loss={','.join(losses)}")

@@ -26,8 +26,12 @@ from helpers import (ROOT, loss_and_gradients, loss_and_grads, loss_inputs, soft
 @pytest.mark.parametrize('options', [{}, dict(pos_emb='rope', norm='rmsnorm', qk_norm=True, mlp='relu2',
                                                tie_weights=False, logit_softcap=3.0, value_embeds=1, unet_skips=True,
                                                x0_shortcut=True)], ids=['gpt2', 'modern'])
-def test_compiled_model_matches_eager_and_runs_the_compiled_chunks(monkeypatch, options):
-    model = tiny_gpt(**options)
+@pytest.mark.parametrize('loss_chunk_mib', [None, 2 ** -10], ids=['one piece', 'chunks'])
+def test_compiled_model_matches_eager_and_runs_the_compiled_chunks(monkeypatch, options, loss_chunk_mib):
+    """Compiled, the loss runs nanoGPT's one piece compiled where the budget holds it (the default, for 32 rows of
+    a 50-token vocabulary), else chunks whose softmax is compiled (1 KiB: a few rows a chunk)."""
+    torch.manual_seed(0)
+    model = GPT(tiny_gpt(**options).config, loss_chunk_mib=loss_chunk_mib)
     x = torch.randint(0, 50, (2, 16))
     fused_calls = []
     compiled_chunk = chunked_loss._compiled_softmax_chunk
@@ -37,18 +41,24 @@ def test_compiled_model_matches_eager_and_runs_the_compiled_chunks(monkeypatch, 
     assert not fused_calls  # eager: the eager chunk path
     compiled = torch.compile(model)
     _, loss = compiled(x, x)
-    assert fused_calls
+    assert bool(fused_calls) == (loss_chunk_mib is not None)
     grads = torch.autograd.grad(loss, list(model.parameters()))
     torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-5)
     for a, b in zip(grads, eager_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def chunks(h, w, t, chunk_size, fused, softcap=0.0):
+    """chunked_cross_entropy's mean in chunks of chunk_size rows, fp32, each chunk's softmax compiled if fused."""
+    return chunked_loss._chunked_cross_entropy(h, w, t, -1, chunk_size, 'mean', fused, softcap,
+                                               chunked_loss.DEFAULT_CHUNK_BYTES, torch.float32, True)
+
+
 def test_softcap_compiled_chunks_match_eager():
     h, w, t = softcap_inputs(torch.float32)
     results = []
     for fused in (False, True):
-        loss = chunked_loss._chunked_cross_entropy(h, w, t, -1, 16, 'mean', fused=fused, softcap=5.0)
+        loss = chunks(h, w, t, 16, fused, softcap=5.0)
         results.append((loss, *torch.autograd.grad(loss, (h, w))))
     for eager, compiled in zip(*results):
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
@@ -108,10 +118,11 @@ def test_compiled_chunk_body_has_no_graph_breaks_and_one_graph_serves_every_chun
     h, w, t = loss_inputs()
     logits = (h @ w.t()).detach()
     targets = t.unsqueeze(1)
-    valid = torch.ones_like(targets, dtype=torch.bool)
-    explanation = torch._dynamo.explain(chunked_loss._softmax_chunk)(logits, targets, valid, valid / 300, True, True)
+    factors = torch.full_like(targets, 1 / 300, dtype=torch.float32)
+    explanation = torch._dynamo.explain(chunked_loss._softmax_chunk)(logits, targets, factors, True, True,
+                                                                    torch.float32)
     assert explanation.graph_count == 1 and explanation.graph_break_count == 0
-    compiled = lambda n, chunk: chunked_loss._chunked_cross_entropy(h[:n], w, t[:n], -1, chunk, 'mean', fused=True)
+    compiled = lambda n, chunk: chunks(h[:n], w, t[:n], chunk, fused=True)
     compiled(300, 64).backward()  # compiles (or reuses) the graph for fp32 with gradients
     with torch.compiler.set_stance('fail_on_recompile'):  # chunks of 64, 64, 22; then 50, 50, 50; then 90 and 7
         for n, chunk in ((150, 64), (150, 50), (97, 90)):

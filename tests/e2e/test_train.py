@@ -350,6 +350,7 @@ BAD_INPUTS = {  # name: (extra arguments, extra environment, what the one-line e
     'no width': (['--n_embd=0'], {}, 'n_embd must be at least 1, got 0'),
     'negative layers': (['--n_layer=-1'], {}, 'n_layer must be at least 1, got -1'),
     'negative max_iters': (['--max_iters=-5'], {}, 'max_iters must be 0 or more, got -5'),
+    'no loss chunk': (['--loss_chunk_mib=0'], {}, 'loss_chunk_mib=0 must be positive'),
     # no machine holds these: stopped before anything is allocated, naming the floor of the memory they need
     'batch beyond memory': (['--batch_size=10000000000'], {}, 'block inputs 38,147.0)'),
     'model beyond memory': (['--n_layer=10000000', '--n_embd=4096', '--n_head=32'], {},

@@ -6,40 +6,60 @@ import torch
 import torch.nn.functional as F
 
 import chunked_loss
+import configurator
 import model as model_lib
 from chunked_loss import chunked_cross_entropy, naive_cross_entropy
-from helpers import loss_and_grads, loss_inputs, tiny_gpt
+from helpers import loss_and_grads, loss_budgets, loss_inputs, tiny_gpt
 from model import GPT, GPTConfig
 from training.memory.tracer import MemoryTracer
+from training.step import build_model
 
 
 def naive(h, w, t):
     return F.cross_entropy(h @ w.t(), t, ignore_index=-1)
 
 
-def test_fp64_many_chunks_and_fp32_match_naive():
+BUDGETS = loss_budgets(300, 257)  # loss_inputs' rows and vocabulary
+
+
+def test_the_budgets_make_the_chunks_their_names_say():
+    """chunk_rows of loss_inputs' 300 rows: one row at 1 byte, a few (in fp32 a short last chunk), all rows in one
+    chunk where the one piece just does not fit, and the one piece at the default budget."""
+    one_row, few, one_chunk, default = (param.values[0] for param in BUDGETS)
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        rows = [chunked_loss.chunk_rows(300, 257, 16, dtype, budget) for budget in (one_row, few, one_chunk)]
+        assert rows[0] == 1 and 1 < rows[1] < 150 and rows[2] >= 300
+        assert dtype != torch.float32 or 300 % rows[1] != 0
+    assert chunked_loss.one_piece_bytes(300, 257, torch.float32) > one_chunk
+    assert default is None and chunked_loss.one_piece_bytes(300, 257, torch.float64) <= chunked_loss.DEFAULT_CHUNK_BYTES
+
+
+@pytest.mark.parametrize('budget', BUDGETS)
+def test_fp64_and_fp32_match_naive_at_every_budget(budget):
     for dtype, tol in [(torch.float64, 1e-12), (torch.float32, 1e-5)]:
         h, w, t = loss_inputs(dtype=dtype)
         t[::5] = -1
         ref = loss_and_grads(naive, h, w, t)
-        ours = loss_and_grads(lambda *a: chunked_cross_entropy(*a, chunk_size=7), h, w, t)  # 300 % 7 != 0
+        ours = loss_and_grads(lambda *a: chunked_cross_entropy(*a, chunk_bytes=budget), h, w, t)
         for a, b in zip(ref, ours):
             torch.testing.assert_close(b, a, rtol=tol, atol=tol)
 
 
-def test_bf16_autocast_with_fp32_master_weights(monkeypatch):
-    # the weight gradient in 3 blocks of vocabulary: 257 = 100 + 100 + 57
+@pytest.mark.parametrize('budget', BUDGETS)
+def test_bf16_autocast_with_fp32_master_weights(monkeypatch, budget):
+    # under the smallest budgets the weight gradient in 3 blocks of vocabulary: 257 = 100 + 100 + 57
     monkeypatch.setattr(chunked_loss, "VOCAB_BLOCK", 100)
     h, w, t = loss_inputs()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ref = loss_and_grads(naive, h, w, t)
-        ours = loss_and_grads(lambda *a: chunked_cross_entropy(*a, chunk_size=64), h, w, t)
+        ours = loss_and_grads(lambda *a: chunked_cross_entropy(*a, chunk_bytes=budget), h, w, t)
     assert ours[2].dtype == torch.float32
     for a, b in zip(ref, ours):
         torch.testing.assert_close(b.float(), a.float(), rtol=5e-2, atol=5e-3)
 
 
-def test_fp16_autocast_gradients_do_not_underflow():
+@pytest.mark.parametrize('budget', loss_budgets(512, 4096))
+def test_fp16_autocast_gradients_do_not_underflow(budget):
     """Per-entry gradients here are about 1 / (n * V) = 5e-7, below fp16's normal range: the softmax must be
     normalized (and 1/n applied) outside the fp16 operands, or the weight gradient loses over 1%. Here the errors
     are about 4e-4, the naive fp16 path's 7e-4."""
@@ -48,14 +68,16 @@ def test_fp16_autocast_gradients_do_not_underflow():
         w.mul_(0.05)  # near-uniform softmax: the sum of exps is close to V
     ref = loss_and_grads(naive, h.double(), w.double(), t)
     with torch.autocast("cpu", dtype=torch.float16):
-        ours = loss_and_grads(lambda *a: chunked_cross_entropy(*a, chunk_size=128), h, w, t)
+        ours = loss_and_grads(lambda *a: chunked_cross_entropy(*a, chunk_bytes=budget), h, w, t)
     for a, b in zip(ref, ours):
         assert ((b.double() - a).norm() / a.norm()).item() < 3e-3
 
 
-def test_all_ignored_gives_zero_not_nan():
+@pytest.mark.parametrize('budget', BUDGETS)
+def test_all_ignored_gives_zero_not_nan(budget):
     h, w, t = loss_inputs()
-    loss, gh, gw = loss_and_grads(chunked_cross_entropy, h, w, torch.full_like(t, -1))
+    ignored = torch.full_like(t, -1)
+    loss, gh, gw = loss_and_grads(lambda *a: chunked_cross_entropy(*a, chunk_bytes=budget), h, w, ignored)
     assert loss.item() == 0 and gh.abs().sum() == 0 and gw.abs().sum() == 0
 
 
@@ -78,25 +100,27 @@ def test_no_grad_computes_loss_only():
     torch.testing.assert_close(loss, naive(h, w, t).detach())
 
 
-def test_reduction_none_matches_naive_per_row_losses():
+@pytest.mark.parametrize('budget', BUDGETS)
+def test_reduction_none_matches_naive_per_row_losses(budget):
     for dtype, tol in [(torch.float64, 1e-12), (torch.float32, 1e-5)]:
         h, w, t = loss_inputs(dtype=dtype)
         t[::5] = -1
         with torch.no_grad():
-            ours = chunked_cross_entropy(h, w, t, chunk_size=7, reduction='none')
+            ours = chunked_cross_entropy(h, w, t, chunk_bytes=budget, reduction='none')
         ref = F.cross_entropy(h @ w.t(), t, ignore_index=-1, reduction='none')
         assert ours.shape == (300,) and ours.dtype == dtype
         assert (ours[::5] == 0).all() and (ours[1::5] > 0).all()
         torch.testing.assert_close(ours, ref.detach(), rtol=tol, atol=tol)
 
 
-def test_reduction_none_under_bf16_autocast_and_all_ignored():
+@pytest.mark.parametrize('budget', BUDGETS)
+def test_reduction_none_under_bf16_autocast_and_all_ignored(budget):
     h, w, t = loss_inputs()
     t[1::3] = -1
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        ours = chunked_cross_entropy(h, w, t, chunk_size=64, reduction='none')
+        ours = chunked_cross_entropy(h, w, t, chunk_bytes=budget, reduction='none')
         ref = F.cross_entropy(h @ w.t(), t, ignore_index=-1, reduction='none')
-        nothing = chunked_cross_entropy(h, w, torch.full_like(t, -1), reduction='none')
+        nothing = chunked_cross_entropy(h, w, torch.full_like(t, -1), chunk_bytes=budget, reduction='none')
     assert ours.dtype == torch.float32  # as F.cross_entropy under autocast
     torch.testing.assert_close(ours, ref.float(), rtol=5e-2, atol=5e-2)
     assert nothing.shape == (300,) and (nothing == 0).all()
@@ -230,6 +254,13 @@ def test_constructor_options_are_keywords_whose_defaults_are_nanogpts_model():
     x = torch.randint(0, 50, (3, 16))
     torch.testing.assert_close(naive(x, x)[1], model(x, x)[1])
     assert calls == [dict(ignore_index=-1, reduction='mean')]
+    # loss_chunk_mib (train.py's key, through build_model) reaches the loss as its chunk_bytes, in no model_args
+    budgeted = GPT(model.config, loss_fn=loss_fn, loss_chunk_mib=3)
+    budgeted(x, x)
+    assert calls[-1] == dict(ignore_index=-1, reduction='mean', chunk_bytes=3 * 2 ** 20)
+    config = {**configurator.defaults(configurator.train_keys()), 'loss_chunk_mib': 3, 'init_from': 'scratch'}
+    built = build_model(config, dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=50))
+    assert built.loss_options == {'chunk_bytes': 3 * 2 ** 20} and model.loss_options == {}
 
 
 def test_from_hf_model_matches_hugging_face_logits():

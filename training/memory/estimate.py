@@ -50,6 +50,8 @@ ESTIMATOR_DEFAULTS = dict(
 # The ladder of memory levers (--ladder), in order: each rung adds its keys to the rungs before it, at what cost
 LADDER = (
     ('as configured', {}, ''),
+    ('smaller loss chunks', {'loss_chunk_mib': 128},
+     'the loss in more, smaller chunks: a few more kernel launches a step (docs/loss.md)'),
     ('activation checkpointing', {'activation_checkpointing': True},
      'one more forward pass of compute: each block runs its forward again in backward'),
     ('bf16 optimizer moments', {'optim': 'adamw_bf16'},
@@ -408,6 +410,8 @@ def ladder(config, budget_bytes, progress=silent):
     dict a rung; the last tried has fits=True and `command`, the keys to add (every lever so far), unless none fits."""
     steps, levers = [], {}
     for name, keys, cost in LADDER:
+        if keys.get('loss_chunk_mib', config['loss_chunk_mib']) > config['loss_chunk_mib']:
+            continue  # the config's loss chunks are smaller already
         rung = {**config, **levers, **keys}
         if rung['optimizer_in_backward']:  # one micro-step a step: at most the step's samples in one micro-batch
             rung.update(batch_size=config['batch_size'] * config['gradient_accumulation_steps'],

@@ -38,6 +38,7 @@ def config(tmp_path):
     ({'optim': 'adam8'}, "unknown optim 'adam8'"),
     ({'hellaswag_examples': -1}, 'hellaswag_examples must be at least 1, or 0 for all; got -1'),
     ({'gpu_headroom_gb': -0.5}, 'gpu_headroom_gb=-0.5 must be 0 or more'),
+    ({'loss_chunk_mib': 0}, 'loss_chunk_mib=0 must be positive'),
     ({'learning_rate': -1}, 'learning_rate must be positive, got -1'),
     ({'beta2': 1.5}, 'beta2 is a moment'),
     ({'weight_decay': -1}, 'weight_decay must be 0 or more'),

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from helpers import check_only_the_naive_loss_holds_the_logits
+from helpers import check_only_the_naive_loss_holds_the_logits, gpt2_estimator_config
 from training import optim
 from training.checkpoint import save_checkpoint
 from training.errors import ConfigError
@@ -127,6 +127,15 @@ def test_naive_loss_builds_the_full_logits_and_chunked_does_not():
     check_only_the_naive_loss_holds_the_logits(8, n_layer=1)
 
 
+def test_gpt2_at_batch_12_peaks_at_most_7_gib_with_the_default_loss_budget():
+    """GPT-2 124M at batch 12 x 1024, bf16: 4 chunks of the default 1 GiB budget (what keeps its operators near
+    nanoGPT's: tests/unit/training/test_opcount.py) peak at most 7 GiB, nanoGPT's loss about 11.7; --ladder's
+    128 MiB rung less."""
+    peaks = {mib: em.trace(gpt2_estimator_config(12, loss_chunk_mib=mib), evaluate=False,
+                           warm_start=True)['train']['peak_bytes'] for mib in (1024, 128)}
+    assert peaks[128] < peaks[1024] <= 7 * GIB
+
+
 @pytest.mark.parametrize('overrides', [
     {'gradient_accumulation_steps': 1}, {'gradient_accumulation_steps': 2},
     {'gradient_accumulation_steps': 4, 'activation_checkpointing': True},
@@ -204,7 +213,9 @@ def test_ladder_climbs_to_the_first_rung_that_fits(tiny, trace_once):
     plain, checkpointed = (total(em.rebatched({**tiny, 'activation_checkpointing': on}, 1)) for on in (False, True))
     budget = (plain + checkpointed) // 2
     steps = em.ladder(tiny, budget)
+    # smaller loss chunks change nothing where the loss runs in one piece (a 96-token vocabulary)
     assert [(step['rung'], step['fits']) for step in steps] == [('as configured', False),
+                                                                 ('smaller loss chunks', False),
                                                                  ('activation checkpointing', True)]
     last = steps[-1]
     assert last['batch_1_total_bytes'] == checkpointed and last['total_bytes'] <= budget

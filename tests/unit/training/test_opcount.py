@@ -1,0 +1,80 @@
+"""training/opcount.py: the operators a training iteration dispatches, by part, under FakeTensorMode; GPT-2 124M at
+batch 12 x 1024 with the chunked loss within 10% of nanoGPT's full logits, and train.py's bookkeeping no more than
+nanoGPT's loop. Counting GPT-2's step takes a few seconds on a CPU: no memory, no arithmetic."""
+import pytest
+import torch
+
+from chunked_loss import chunk_rows, chunked_cross_entropy, one_piece_bytes
+from helpers import gpt2_estimator_config, loss_inputs, tiny_gpt
+from training.opcount import OVERHEAD, OperatorCounter, count_step
+from training.step import Prefetcher, train_step
+
+
+def counted(fn):
+    with OperatorCounter() as counter:
+        fn()
+    return sum(counter.counts.values())
+
+
+def test_counts_each_aten_operator_once_and_no_prim_ones():
+    x = torch.ones(3)
+    assert counted(lambda: (x + x).mul_(2).sum()) == 3
+    assert counted(lambda: x.device) == 0
+
+
+def test_gpt2_step_at_batch_12_within_10_percent_of_the_naive_loss():
+    """The issue's check: 12 layers, GPT-2's vocabulary, bf16 autocast, forward, backward, clipping and the AdamW
+    step at batch 12 x 1024: our loss in a few chunks of the default budget against nanoGPT's full logits."""
+    config = gpt2_estimator_config(12, grad_clip=1.0)
+    ours, naive = (count_step(config, loss) for loss in ('chunked', 'naive'))
+    assert sum(ours.values()) <= 1.10 * sum(naive.values())
+    assert {part: ours[part] for part in ours if part != 'loss'} == {part: naive[part] for part in naive
+                                                                      if part != 'loss'}
+    assert chunk_rows(12 * 1024, 50304, 768, torch.bfloat16) * 4 >= 12 * 1024  # at most 4 chunks
+
+
+@pytest.mark.parametrize('accumulation, grad_clip', [(1, 1.0), (3, 1.0), (2, 0.0)])
+def test_train_steps_bookkeeping_is_no_more_than_nanogpts(tiny, accumulation, grad_clip):
+    """accumulation, clipping, the optimizer's step and the log line's read of the loss, on the same model and loss:
+    train.py's train_step against nanoGPT's loop, which divides each micro-step's loss."""
+    config = {**tiny, 'gradient_accumulation_steps': accumulation, 'grad_clip': grad_clip, 'dtype': 'bfloat16'}
+    ours, nanogpt = (count_step(config, 'naive', loop) for loop in ('ours', 'nanogpt'))
+    assert sum(ours[part] for part in OVERHEAD) <= sum(nanogpt[part] for part in OVERHEAD)
+    assert ours['forward'] == nanogpt['forward'] and ours['clipping'] == nanogpt['clipping']
+    # a micro-step: nanoGPT's loss / k and backward's seed; ours, the running mean and the seed 1/k
+    assert ours['accumulation'] == nanogpt['accumulation'] == 2 * accumulation
+
+
+def test_train_step_is_the_mean_loss_and_gradients_of_divided_micro_steps():
+    """The seed gradient 1/k in place of nanoGPT's loss / k: the same SGD step and the mean micro-batch loss."""
+    x, y = torch.randint(0, 50, (3, 4, 16)), torch.randint(0, 50, (3, 4, 16))
+    model, reference = tiny_gpt(), tiny_gpt()
+    batches = Prefetcher(iter([*zip(x, y), (x[0], y[0])]))  # and the batch fetched ahead of the next step
+    loss, _ = train_step(model, torch.optim.SGD(model.parameters(), lr=1.0), batches, 3)
+    losses = []
+    for k in range(3):  # nanoGPT's micro-steps
+        _, micro = reference(x[k], y[k])
+        (micro / 3).backward()
+        losses.append(micro.detach())
+    torch.optim.SGD(reference.parameters(), lr=1.0).step()
+    torch.testing.assert_close(loss, sum(losses) / 3)
+    assert not loss.requires_grad
+    for ours, expected in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(ours, expected)
+
+
+def test_one_piece_dispatches_fewer_operators_than_one_chunk_and_equals_naive():
+    """Where all rows fit the budget whole, the loss is nanoGPT's in one piece: fewer operators than the chunked
+    path takes for one chunk of the same rows, and its loss and gradients are the naive loss's."""
+    h, w, t = loss_inputs()
+    t[::5] = -1
+    whole = one_piece_bytes(300, 257, torch.float32)
+    one_piece = counted(lambda: chunked_cross_entropy(h, w, t, chunk_bytes=whole).backward())
+    one_chunk = counted(lambda: chunked_cross_entropy(h, w, t, chunk_bytes=whole - 1).backward())
+    assert one_piece < one_chunk
+    loss = chunked_cross_entropy(h, w, t, chunk_bytes=whole)
+    grads = torch.autograd.grad(loss, (h, w))
+    expected = torch.nn.functional.cross_entropy(h @ w.t(), t, ignore_index=-1)
+    torch.testing.assert_close(loss, expected)
+    for got, want in zip(grads, torch.autograd.grad(expected, (h, w))):
+        torch.testing.assert_close(got, want)

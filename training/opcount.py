@@ -1,0 +1,140 @@
+"""The aten operators a training iteration dispatches, counted by part: an eager GPU step of a small model is bound by
+kernel launches, roughly one an operator, so this count is what the loss's chunks and train.py's bookkeeping cost in
+launches. Counted under FakeTensorMode (shapes, no memory, no arithmetic: GPT-2 at batch 12 x 1024 in seconds on a
+CPU), for train.py's step (training/step.py) with our loss or nanoGPT's, and for nanoGPT's own loop, so bench.py
+--count_ops and the tests compare them on the same model and config.
+"""
+import contextlib
+import itertools
+from unittest import mock
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from training import step
+from training.memory import estimate
+
+# The parts of an iteration, in the order bench.py prints them: the model's forward without the loss, the loss (its
+# forward and its backward nodes), the rest of backward; then the bookkeeping around them, what nanoGPT's loop does too
+PARTS = ('forward', 'loss', 'backward', 'accumulation', 'clipping', 'optimizer', 'logging')
+OVERHEAD = PARTS[3:]
+
+
+class OperatorCounter(TorchDispatchMode):
+    """Counts the aten operators dispatched while it is active, by part of the iteration: `part` (a context) names
+    the bookkeeping, the model's forward hooks the forward, the autograd node running an op the backward (the loss's
+    nodes, by sequence number, the loss). Only aten's operators count: prim ops (a tensor's .device) and the
+    profiler's record_function launch nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = dict.fromkeys(PARTS, 0)
+        self.current = 'accumulation'  # what runs outside the model and the named parts: train_step's own ops
+        self.loss_nodes = []  # (first, last) autograd sequence numbers of each loss's backward nodes
+
+    @contextlib.contextmanager
+    def part(self, name):
+        previous, self.current = self.current, name
+        try:
+            yield
+        finally:
+            self.current = previous
+
+    def watch(self, model, optimizer, loss_fn):
+        """Tag `model`'s forward and `optimizer`'s step; returns `loss_fn` tagged as the loss, for GPT's loss_fn."""
+        model.register_forward_pre_hook(lambda *_: setattr(self, 'current', 'forward'))
+        model.register_forward_hook(lambda *_: setattr(self, 'current', 'accumulation'), always_call=True)
+        optimizer.register_step_pre_hook(lambda *_: setattr(self, 'current', 'optimizer'))
+        optimizer.register_step_post_hook(lambda *_: setattr(self, 'current', 'accumulation'))
+
+        def loss(hidden, weight, targets, **kwargs):
+            with self.part('loss'):
+                result = loss_fn(hidden, weight, targets, **kwargs)
+            if result.grad_fn is not None and hidden.grad_fn is not None:
+                self.loss_nodes.append((hidden.grad_fn._sequence_nr() + 1, result.grad_fn._sequence_nr()))
+            return result
+        return loss
+
+    def _part(self):
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return self.current
+        seq = node._sequence_nr()
+        return 'loss' if any(first <= seq <= last for first, last in self.loss_nodes) else 'backward'
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == 'aten':
+            self.counts[self._part()] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def nanogpt_step(model, optimizer, batches, accumulation, ctx, scaler, grad_clip, counter):
+    """One iteration of nanoGPT's train.py loop, as it is written there (the reference train.py's bookkeeping is
+    counted against): its micro-steps, clipping, AdamW step and the log line's loss.item()."""
+    X, Y = batches.take()
+    for micro_step in range(accumulation):
+        with ctx:
+            logits, loss = model(X, Y)
+            loss = loss / accumulation
+        X, Y = batches.fetch()
+        scaler.scale(loss).backward()
+    if grad_clip != 0.0:
+        with counter.part('clipping'):
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    with counter.part('logging'):
+        logged_item(loss)
+
+
+def ours_step(model, optimizer, batches, accumulation, ctx, scaler, grad_clip, counter):
+    """One iteration of train.py: training/step.py's train_step, clipping counted as such, and the log line's read
+    of the loss (train.py's step.logged_loss)."""
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def counted_clip(*args, **kwargs):
+        with counter.part('clipping'):
+            return clip(*args, **kwargs)
+    with mock.patch.object(torch.nn.utils, 'clip_grad_norm_', counted_clip):
+        loss, _ = step.train_step(model, optimizer, batches, accumulation, ctx, scaler, grad_clip)
+    with counter.part('logging'):
+        logged_item(loss)
+
+
+def logged_item(loss):
+    """loss.item(), as the log line reads it: under FakeTensorMode there is no value, but the op is dispatched."""
+    try:
+        loss.item()
+    except torch._subclasses.fake_tensor.DataDependentOutputException:
+        pass
+
+
+STEPS = {'ours': ours_step, 'nanogpt': nanogpt_step}
+
+
+def count_step(config, loss='chunked', loop='ours', device_type='cuda'):
+    """{part: aten operators} of one training iteration of `config` (estimate_memory.py's keys) with `loss` ('chunked'
+    or 'naive') in `loop` ('ours': train.py's train_step; 'nanogpt': nanoGPT's loop), counted after a first
+    iteration has made the optimizer's state, under FakeTensorMode with train.py's model and the optimizer it builds
+    on `device_type` (fused AdamW on CUDA), autocast as the estimator traces it."""
+    with FakeTensorMode():
+        counter = OperatorCounter()
+        model, optimizer = estimate.build(config, 'cpu', device_type, flash_kernel=device_type == 'cuda',
+                                          loss_fn=estimate.LOSS_FUNCTIONS[loss])
+        model.loss_fn = counter.watch(model, optimizer, model.loss_fn)
+        model.train()
+        # the same batch for every micro-step: fetching data is no part of the count
+        batch = estimate.random_batch(config['batch_size'], model.config.block_size, model.config.vocab_size, 'cpu')
+        batches = step.Prefetcher(itertools.repeat(batch))
+        ctx, scaler = estimate.autocast('cpu', config), step.NO_SCALER
+        run = STEPS[loop]
+        run(model, optimizer, batches, config['gradient_accumulation_steps'], ctx, scaler, config['grad_clip'],
+            counter)  # the first iteration: the optimizer's state is made here, once a run
+        counter.counts = dict.fromkeys(PARTS, 0)
+        with counter:
+            run(model, optimizer, batches, config['gradient_accumulation_steps'], ctx, scaler, config['grad_clip'],
+                counter)
+    return counter.counts
