@@ -18,6 +18,8 @@ builds train.py's model (architecture keys, weight_dtype, activation checkpointi
 keys), from scratch, without its learning rate schedule; compile compiles that model, and in loss mode each loss
 besides its eager self; sample mode runs generate eagerly, as nanoGPT's does.
 """
+from training.allocator import use_train_allocator
+use_train_allocator() # train.py's allocator settings, before torch's import: the card's "reserved" is train.py's
 import gc
 import importlib
 import itertools
