@@ -1,0 +1,171 @@
+"""bench.py --mode=card's checks: each path a GPU run takes against its reference, on one model and batch, under bf16
+autocast: the compiled model against eager, FlashAttention's variable-length kernel against the masked attention, bf16
+weights (stochastic rounding) against fp32 weights over a few AdamW steps. Each compares the loss and every
+parameter's gradient, and takes its tolerance from the noise it measures itself: the reference path under bf16
+autocast against the same path in fp32. A path passes where no quantity differs by more than NOISE_MULTIPLE times
+that noise.
+
+The model is never the one a run starts from: zero-initialized projections and head (zero_init_proj) give ln(V)
+whatever attention computes, and no gradient below the head. randomize() redraws its weights first, so that the loss
+and every gradient depend on every path compared."""
+import contextlib
+import io
+import itertools
+import math
+
+import torch
+
+from training import step
+from training.optim import build_optimizer
+
+NOISE_MULTIPLE = 4 # a path passes within this many times its reference's own bf16 noise
+# the least noise a quantity is given, relative: a 16th of one bf16 rounding (2^-8), so that the reference's two
+# precisions agreeing by chance on one quantity does not make its tolerance zero
+NOISE_FLOOR = 2 ** -12
+CHECK_STEPS = 8 # AdamW steps of bf16 weights against fp32 weights
+CHECK_DTYPE = 'bfloat16' # the checks' autocast dtype: the speedrun presets' on a GPU, and what the CPU has too
+
+
+def randomize(model, seed=0):
+    """Every matrix and embedding of `model` redrawn from N(0, 1 / its last dimension): unit-RMS outputs of a linear
+    layer from unit-RMS inputs, so logits of about unit scale (a loss away from ln(V)) and every block's output in
+    the residual stream; gains, biases and scalars keep their initial values."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=generator) / math.sqrt(p.shape[-1]))
+    return model
+
+
+def check_model(config, model_args, device, **options):
+    """The config's model, randomized, on `device`, in fp32 weights (the checks cast by autocast)."""
+    model = step.build_model(dict(config, weight_dtype='float32'), model_args, **options)
+    return randomize(model).to(device)
+
+
+def check_batch(config, vocab_size, device, seed=0):
+    """(x, y): one micro-batch of random tokens, a document token every third of a row where the model has one."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (config['batch_size'], config['block_size'])
+    x, y = (torch.randint(vocab_size, shape, generator=generator) for _ in range(2))
+    if config['doc_token'] >= 0:
+        x[:, ::max(1, config['block_size'] // 3)] = config['doc_token']
+    return x.to(device), y.to(device)
+
+
+def autocast(dtype, device_type):
+    """bf16 or fp16 autocast, or none for 'float32'."""
+    if dtype == 'float32':
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=getattr(torch, dtype))
+
+
+def loss_and_gradients(run, model, batch, window, dtype, device_type):
+    """(loss, {name: gradient in fp32}) of one forward and backward of run (model, or model compiled) on batch."""
+    model.zero_grad(set_to_none=True)
+    with autocast(dtype, device_type):
+        _, loss = run(*batch, attn_window=window)
+    loss.backward()
+    return loss.item(), {name: p.grad.float().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def relative(a, b, scale):
+    """|a - b| / |scale| for numbers, the same with norms for tensors."""
+    if isinstance(a, float):
+        return abs(a - b) / max(abs(scale), 1e-30)
+    return ((a - b).norm() / scale.norm().clamp(min=1e-30)).item()
+
+
+def compare(path, reference, noisy, exact):
+    """The check's verdict from (loss, gradients) pairs: `path` against `reference`, with `noisy` (the reference
+    under bf16) against `exact` (the reference in fp32) as the noise. Each quantity relative to its exact value."""
+    (loss, grads), (ref_loss, ref_grads), (noisy_loss, noisy_grads), (exact_loss, exact_grads) = \
+        path, reference, noisy, exact
+    if set(grads) != set(ref_grads):
+        raise AssertionError(f'the compared paths give gradients to different parameters: '
+                             f'{sorted(set(grads) ^ set(ref_grads))}')
+    loss_difference = relative(loss, ref_loss, exact_loss)
+    loss_noise = max(relative(noisy_loss, exact_loss, exact_loss), NOISE_FLOOR)
+    worst = None # (difference / noise, name, difference, noise) of the parameter furthest out, relative to its noise
+    for name, grad in grads.items():
+        difference = relative(grad, ref_grads[name], exact_grads[name])
+        noise = max(relative(noisy_grads[name], exact_grads[name], exact_grads[name]), NOISE_FLOOR)
+        if worst is None or difference / noise > worst[0]:
+            worst = (difference / noise, name, difference, noise)
+    ratio, parameter, gradient_difference, gradient_noise = worst
+    return dict(loss=loss, reference_loss=ref_loss, loss_difference=loss_difference, loss_noise=loss_noise,
+                gradient_parameter=parameter, gradient_difference=gradient_difference, gradient_noise=gradient_noise,
+                parameters=len(grads), tolerance=NOISE_MULTIPLE,
+                passed=loss_difference <= NOISE_MULTIPLE * loss_noise and ratio <= NOISE_MULTIPLE)
+
+
+def check_compiled(config, model_args, device, device_type, compile=torch.compile):
+    """The model compiled against eager, both under bf16 autocast; the noise: eager under bf16 against eager in
+    fp32."""
+    torch.manual_seed(0)
+    model = check_model(config, model_args, device)
+    batch = check_batch(config, model_args['vocab_size'], device)
+    window = config['attn_window'] or None
+    eager = loss_and_gradients(model, model, batch, window, CHECK_DTYPE, device_type)
+    exact = loss_and_gradients(model, model, batch, window, 'float32', device_type)
+    compiled = loss_and_gradients(compile(model), model, batch, window, CHECK_DTYPE, device_type)
+    torch._dynamo.reset()
+    return compare(compiled, eager, eager, exact)
+
+
+def check_varlen(config, model_args, device, device_type):
+    """FlashAttention's variable-length kernel against the masked attention of the same weights, both under bf16
+    autocast, at the run's first (smallest) window, where a window off by one shows most; the noise: the masked
+    attention under bf16 against fp32. None where the model does not run the kernel (head size, no window)."""
+    window = config['attn_window_warmup_start'] if config['attn_window_warmup_iters'] else config['attn_window']
+    config = dict(config, attn_window=window)
+    # CUDA: the kernel where it runs, as in a run; a CPU: the stand-in registered for it (flash_kernel=True)
+    varlen = check_model(config, model_args, device, flash_kernel=None if device_type == 'cuda' else True)
+    masked = check_model(config, model_args, device, flash_kernel=False)
+    batch = check_batch(config, model_args['vocab_size'], device)
+    with autocast(CHECK_DTYPE, device_type):
+        if varlen.varlen_kernel(batch[0]) is None:
+            return None
+    args = (batch, window or None)
+    return compare(loss_and_gradients(varlen, varlen, *args, CHECK_DTYPE, device_type),
+                   *(loss_and_gradients(masked, masked, *args, dtype, device_type)
+                     for dtype in (CHECK_DTYPE, CHECK_DTYPE, 'float32')))
+
+
+def trained(config, model_args, device, device_type, batch, weight_dtype, dtype):
+    """From the randomized weights in weight_dtype under `dtype`: (the loss and gradients on `batch`, then the losses
+    of CHECK_STEPS AdamW steps on it)."""
+    keys = dict(config, weight_dtype=weight_dtype, dtype=dtype, optim='adamw', optimizer_in_backward=False)
+    torch.manual_seed(0)
+    model = check_model(config, model_args, device).to(getattr(torch, weight_dtype))
+    window = config['attn_window'] or None
+    first = loss_and_gradients(model, model, batch, window, dtype, device_type)
+    with contextlib.redirect_stdout(io.StringIO()): # the optimizer's description, once a build
+        optimizer = build_optimizer(model, keys, device_type)
+    batches = step.Prefetcher(itertools.repeat(batch))
+    return first, [step.train_step(model, optimizer, batches, 1, autocast(dtype, device_type),
+                                   grad_clip=config['grad_clip'], attn_window=window)[0].item()
+                   for _ in range(CHECK_STEPS)]
+
+
+def check_bf16_weights(config, model_args, device, device_type):
+    """bf16 weights against fp32 weights, both under bf16 autocast, from the same randomized weights: the loss and
+    every gradient of the first step (the weights' rounding), then the losses of CHECK_STEPS AdamW steps (the
+    update's stochastic rounding: one rounded to nearest loses the updates below half a bf16 step); the noise: the
+    fp32 weights' run under bf16 against the same in fp32, the largest over the steps for the losses."""
+    batch = check_batch(config, model_args['vocab_size'], device)
+    runs = [trained(config, model_args, device, device_type, batch, weight_dtype, dtype)
+            for weight_dtype, dtype in (('bfloat16', CHECK_DTYPE), ('float32', CHECK_DTYPE), ('float32', 'float32'))]
+    (bf16, bf16_losses), (fp32, fp32_losses), (exact, exact_losses) = runs
+    verdict = compare(bf16, fp32, fp32, exact)
+    step_difference = max(relative(a, b, e) for a, b, e in zip(bf16_losses, fp32_losses, exact_losses))
+    step_noise = max(NOISE_FLOOR, *(relative(b, e, e) for b, e in zip(fp32_losses, exact_losses)))
+    verdict.update(bf16_losses=bf16_losses, fp32_losses=fp32_losses, step_difference=step_difference,
+                   step_noise=step_noise,
+                   passed=verdict['passed'] and step_difference <= NOISE_MULTIPLE * step_noise)
+    return verdict
+
+
+CHECKS = (('compiled against eager', check_compiled), ('varlen kernel against masked', check_varlen),
+          ('bf16 weights against fp32', check_bf16_weights))
