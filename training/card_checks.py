@@ -54,11 +54,11 @@ def check_batch(config, vocab_size, device, seed=0):
     return x.to(device), y.to(device)
 
 
-def autocast(dtype, device_type):
-    """bf16 or fp16 autocast, or none for 'float32'."""
+def autocast(dtype, device_type, cache_enabled=True):
+    """bf16 or fp16 autocast (cache_enabled: train.py's autocast_cache), or none for 'float32'."""
     if dtype == 'float32':
         return contextlib.nullcontext()
-    return torch.autocast(device_type, dtype=getattr(torch, dtype))
+    return torch.autocast(device_type, dtype=getattr(torch, dtype), cache_enabled=cache_enabled)
 
 
 def loss_and_gradients(run, model, batch, window, dtype, device_type):
