@@ -56,9 +56,15 @@ def test_varlen_check_passes_on_the_kernels_stand_in_and_fails_with_a_window_off
     assert broken['gradient_difference'] > card_checks.NOISE_MULTIPLE * broken['gradient_noise']
 
 
-def test_varlen_check_is_not_run_where_the_model_has_no_kernel_to_run(speedrun, flash_kernel):
+def test_varlen_check_is_not_run_where_the_model_has_no_kernel_to_run(speedrun, flash_kernel, monkeypatch):
     config, model_args = speedrun
     assert card_checks.check_varlen(config, dict(model_args, n_head=4, n_embd=40), 'cpu', 'cpu') is None # heads of 10
+    # a bare CPU (bench.py's): no stand-in given, the check skipped with its reason
+    monkeypatch.setattr(card_checks, 'CHECKS', (('varlen kernel against masked', card_checks.check_varlen),))
+    result = dict(checks={})
+    card.run_checks(result, 'config', 'cpu', 'cpu', True, None, print, lambda result: None)
+    assert result['checks'] == {'varlen kernel against masked': {
+        'skipped': "FlashAttention's kernel is CUDA only (the tests give a CPU stand-in)"}}
 
 
 def test_bf16_weights_check_passes_with_stochastic_rounding_and_fails_rounded_to_nearest(speedrun, monkeypatch):
