@@ -172,7 +172,8 @@ def run_preset(path, device, device_type, tiny, card_bytes, steps, seconds, prog
         return dict(row, skipped='the estimate does not fit this card')
     progress(f'{name}: micro-batch {config["batch_size"]} x {config["block_size"]}, '
              f'{config["gradient_accumulation_steps"]} micro-steps a step, {steps} timed steps')
-    job = dict(kind='preset', name=name, path=os.path.abspath(path), tiny=tiny, device=device, device_type=device_type, steps=steps)
+    job = dict(kind='preset', name=name, path=os.path.abspath(path), tiny=tiny, device=device,
+               device_type=device_type, steps=steps)
     row.update(measured(job, seconds, progress))
     if 'step_seconds' in row and 'eval_micro_batch_seconds' in row:
         row.update(run_hours(config, row))
@@ -182,7 +183,7 @@ def run_preset(path, device, device_type, tiny, card_bytes, steps, seconds, prog
     return row
 
 
-def run(device, device_type, names=(), config_dir='config', steps=3, seconds=420, preset_seconds=600,
+def run(device, device_type, names=(), config_dir='config', steps=3, seconds=1800, preset_seconds=600,
         progress=print, keep=lambda result: None, varlen_kernel=None):
     """Everything the card mode measures, as one JSON-able dict: the checks, nanoGPT's path, then the presets (those
     of `names`, or all) in the order of preset_paths until `seconds` have passed (the rest listed as skipped), each

@@ -100,7 +100,7 @@ def compare(path, reference, noisy, exact):
                 passed=loss_difference <= NOISE_MULTIPLE * loss_noise and ratio <= NOISE_MULTIPLE)
 
 
-def check_compiled(config, model_args, device, device_type, compile=torch.compile):
+def check_compiled(config, model_args, device, device_type):
     """The model compiled against eager, both under bf16 autocast; the noise: eager under bf16 against eager in
     fp32."""
     torch.manual_seed(0)
@@ -109,7 +109,7 @@ def check_compiled(config, model_args, device, device_type, compile=torch.compil
     window = config['attn_window'] or None
     eager = loss_and_gradients(model, model, batch, window, CHECK_DTYPE, device_type)
     exact = loss_and_gradients(model, model, batch, window, 'float32', device_type)
-    compiled = loss_and_gradients(compile(model), model, batch, window, CHECK_DTYPE, device_type)
+    compiled = loss_and_gradients(torch.compile(model), model, batch, window, CHECK_DTYPE, device_type)
     torch._dynamo.reset()
     return compare(compiled, eager, eager, exact)
 

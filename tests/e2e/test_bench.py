@@ -136,7 +136,8 @@ def test_card_mode_on_a_cpu_checks_measures_and_runs_train_py_scaled_down_and_wr
     """The card command's own code at a CPU's scale, the varlen kernel's CPU stand-in given to it
     (patches/card_varlen_stand_in.py): the three checks pass on randomized weights (losses away from ln(V), nonzero
     gradient differences), nanoGPT's path, the speedrun preset's compile, step and evaluation times and its hours,
-    train.py's loop with its resume; the phases as they run, the row as soon as it is measured, card.md and card.json."""
+    train.py's loop with its resume; the phases as they run, the row as soon as it is measured, card.md and
+    card.json."""
     report = tmp_path / 'card'
     result = run_script('bench.py', '--mode=card', '--device=cpu', '--card_steps=2', f'--card_report={report}',
                         '--card_presets=speedrun_gpt2_12gb.py', env=patched_env('card_varlen_stand_in'), timeout=900)
