@@ -207,3 +207,12 @@ def test_a_preset_hung_in_compilation_is_stopped_at_its_limit_with_its_phase(mon
     assert row['stopped'] == 'stopped after 20 s (card_preset_seconds) while compiling'
     assert row['estimated_peak_bytes'] > 0 and 'step_seconds' not in row and 'train_loop' not in row
     assert f'{card.SPEEDRUN}: compiling' in printed
+
+
+@pytest.mark.slow
+def test_train_loop_says_which_run_failed_and_its_error_line():
+    config, overrides, model_args = load_preset(SPEEDRUN_PATH, tiny=True)
+    phases = []
+    loop = card.train_loop(SPEEDRUN_PATH, config, dict(overrides, n_head=3), model_args, True, 120, phases.append)
+    assert not loop['ok'] and loop['seconds'] > 0 and phases == [f'{card.SPEEDRUN}: train.py loop']
+    assert loop['error'].startswith('train.py loop: ') and 'n_head' in loop['error'], loop
