@@ -12,8 +12,8 @@ show, keeping each figure as soon as it is measured (card.md and card.json rewri
    rate; then a few iterations of train.py itself on synthetic tokens, with an evaluation, a checkpoint and a resume.
 
 On a CPU the same code runs at a CPU's scale (card_measure.TINY, bf16 autocast as on a GPU, GPT-2's vocabulary for
-nanoGPT's path): the tests keep it working. There are no memory counters there, and the varlen check runs only with a
-CPU stand-in for the kernel (run's varlen_kernel; the tests' flash_varlen_on_a_cpu.py)."""
+nanoGPT's path): the tests keep it working. There are no memory counters there, and the varlen check runs only where
+a CPU stand-in for the kernel is registered (the tests' flash_varlen_on_a_cpu.py)."""
 import glob
 import json
 import os
@@ -33,7 +33,6 @@ from model import GPT2_VOCAB_SIZE
 from training import card_checks
 from training.rules import DEFAULT_VOCAB_SIZE
 from training.card_measure import NANOGPT_CONFIG, load_preset, write_atomically
-from training.errors import first_line
 from training.memory import estimate as em
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) # the scripts run from the repository
@@ -138,25 +137,6 @@ def run_hours(config, row):
     return dict(train_hours=train_hours, eval_hours=eval_hours, hours=train_hours + eval_hours)
 
 
-def run_checks(result, config_dir, device, device_type, tiny, varlen_kernel, progress, keep):
-    """card_checks' CHECKS on the speedrun preset's model into result['checks'], kept one by one. They run in this
-    process: a small model, compiled once, before any preset; the presets' compilations are the ones to fear."""
-    config, _, model_args = load_preset(os.path.join(config_dir, SPEEDRUN), tiny)
-    for name, check in card_checks.CHECKS:
-        progress(f'check: {name}')
-        if check is card_checks.check_varlen and tiny and (varlen_kernel is None or varlen_kernel() is None):
-            outcome = dict(skipped="FlashAttention's kernel is CUDA only (the tests give a CPU stand-in)")
-        else:
-            try:
-                outcome = check(config, model_args, device, device_type)
-            except Exception as e: # a check that cannot run is a finding too: the others still run
-                outcome = dict(error=f'{type(e).__name__}: {first_line(e)}')
-        if outcome is None:
-            outcome = dict(skipped="the preset's model does not run the kernel here (head size, window)")
-        result['checks'][name] = outcome
-        keep(result)
-
-
 def run_preset(path, device, device_type, tiny, card_bytes, steps, seconds, progress):
     """A preset's row: its estimate, then (where it fits) its measurements and the hours of its run, then train.py's
     loop on it, all within `seconds`."""
@@ -184,18 +164,26 @@ def run_preset(path, device, device_type, tiny, card_bytes, steps, seconds, prog
 
 
 def run(device, device_type, names=(), config_dir='config', steps=3, seconds=1800, preset_seconds=600,
-        progress=print, keep=lambda result: None, varlen_kernel=None):
+        progress=print, keep=lambda result: None):
     """Everything the card mode measures, as one JSON-able dict: the checks, nanoGPT's path, then the presets (those
     of `names`, or all) in the order of preset_paths until `seconds` have passed (the rest listed as skipped), each
-    within preset_seconds. keep(result) after each figure; each preset's row printed through progress as it ends.
-    varlen_kernel: on a CPU, a function that readies a stand-in of FlashAttention's kernel (torch's varlen_attn with
-    CPU kernels registered) and returns it; None skips that check there."""
+    part within preset_seconds. keep(result) after each part; each preset's row printed through progress as it ends.
+    This process never starts CUDA where the checks' child reports the device: the GPU is the children's."""
     tiny = device_type != 'cuda'
     start = time.perf_counter()
-    card_bytes = torch.cuda.get_device_properties(device).total_memory if not tiny else None
-    result = dict(device=torch.cuda.get_device_name(device) if not tiny else f'{device} (presets scaled down)',
-                  torch=torch.__version__, scaled_down=tiny, checks={}, nanogpt_path=None, presets=[])
-    run_checks(result, config_dir, device, device_type, tiny, varlen_kernel, progress, keep)
+    result = dict(device=device, torch=torch.__version__, scaled_down=tiny, checks={}, nanogpt_path=None, presets=[])
+    progress(f'checks: on the {SPEEDRUN} model, weights randomized')
+    job = dict(kind='checks', name='check', path=os.path.abspath(os.path.join(config_dir, SPEEDRUN)), tiny=tiny,
+               device=device, device_type=device_type)
+    checks = measured(job, preset_seconds, progress)
+    if 'device' not in checks: # the child failed before it said: asked here
+        checks.update(device=torch.cuda.get_device_name(device) if not tiny else f'{device} (presets scaled down)',
+                      total_memory=torch.cuda.get_device_properties(device).total_memory if not tiny else None)
+    result.update(device=checks.pop('device'), checks=checks.pop('checks', {}))
+    card_bytes = checks.pop('total_memory')
+    if checks: # the checks' child stopped or failed: why
+        result['checks_outcome'] = outcome(checks)
+    keep(result)
     progress(f'nanoGPT path: config/{NANOGPT_CONFIG}, our loss against the full logits')
     job = dict(kind='nanogpt_path', name='nanoGPT path', tiny=tiny, device=device, device_type=device_type,
                steps=steps)
@@ -282,6 +270,8 @@ def nanogpt_lines(path):
 def markdown(result):
     """The report of run()'s result, as Markdown: what is measured so far."""
     lines = [f"# {result['device']}", '', f"torch {result['torch']}, {result.get('seconds', 0):.0f} s.", '']
+    if 'checks_outcome' in result:
+        lines += [f"checks: {result['checks_outcome']}", '']
     if result['checks']:
         lines += ['| check | result | loss (reference) | loss difference | largest gradient difference, parameter '
                   '| tolerance |', '|---|---|---|---|---|---|']

@@ -1,10 +1,12 @@
-"""bench.py --mode=card's measurements of one preset, and of nanoGPT's path, each run by training/card.py in a child
-process of its own: a preset hung in compilation cannot be interrupted from its own thread, but a child can be ended
-at its limit (card_preset_seconds) with the rest of the card kept. The child prints the phase it enters and, as each
-phase starts, writes what it has measured so far to its result file (atomically): a stopped child leaves its phase
-and its figures.
+"""bench.py --mode=card's measurements, each run by training/card.py in a child process of its own: the checks, nanoGPT's
+path, one preset. A preset hung in compilation cannot be interrupted from its own thread, but a child can be ended at
+its limit (card_preset_seconds) with the rest of the card kept; and the GPU's memory is the child's alone, as in a
+train.py run (card.py's own process never starts CUDA). The child prints the phase it enters and, as each phase
+starts, writes what it has measured so far to its result file (atomically): a stopped child leaves its phase and its
+figures.
 
-$ python -m training.card_measure '<job as JSON>' <result.json>   (job: kind 'preset' or 'nanogpt_path', its keys)"""
+$ python -m training.card_measure '<job as JSON>' <result.json>   (job: its kind, 'checks', 'preset' or
+                                                                     'nanogpt_path', and their arguments)"""
 import contextlib
 import io
 import itertools
@@ -19,7 +21,7 @@ import torch
 
 import configurator
 from chunked_loss import chunked_cross_entropy, naive_cross_entropy
-from training import rules, step
+from training import card_checks, rules, step
 from training.card_checks import autocast
 from training.device import peak_flops
 from training.errors import ConfigError, first_line
@@ -182,6 +184,24 @@ def measure_nanogpt_path(device, device_type, steps, tiny, report):
     return result
 
 
+def measure_checks(path, device, device_type, tiny, report):
+    """card_checks' CHECKS on the model of preset `path` (the speedrun's), each outcome kept as it comes; with the
+    device's name and memory, which the card reads from here."""
+    config, _, model_args = load_preset(path, tiny)
+    cuda = device_type == 'cuda'
+    result = dict(device=torch.cuda.get_device_name(device) if cuda else f'{device} (presets scaled down)',
+                  total_memory=torch.cuda.get_device_properties(device).total_memory if cuda else None, checks={})
+    for name, check in card_checks.CHECKS:
+        report(name, result)
+        try:
+            result['checks'][name] = check(config, model_args, device, device_type)
+        except Exception as e: # a check that cannot run is a finding too: the others still run
+            result['checks'][name] = dict(error=f'{type(e).__name__}: {first_line(e)}')
+        if cuda: # the next check's models on an empty GPU
+            torch.cuda.empty_cache()
+    return result
+
+
 def main(job, path):
     """Runs `job` and writes its result to `path`: its figures and phase (as it goes), then 'done', or 'error' (the
     error's line) or 'skipped' (a lever this machine lacks, or memory the estimate said would suffice)."""
@@ -194,7 +214,9 @@ def main(job, path):
 
     device, device_type = job['device'], job['device_type']
     try:
-        if job['kind'] == 'preset':
+        if job['kind'] == 'checks':
+            row.update(measure_checks(job['path'], device, device_type, job['tiny'], report))
+        elif job['kind'] == 'preset':
             config, _, model_args = load_preset(job['path'], job['tiny'])
             row.update(measure_preset(config, model_args, device, device_type, job['steps'], report))
         else:

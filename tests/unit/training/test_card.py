@@ -56,15 +56,17 @@ def test_varlen_check_passes_on_the_kernels_stand_in_and_fails_with_a_window_off
     assert broken['gradient_difference'] > card_checks.NOISE_MULTIPLE * broken['gradient_noise']
 
 
-def test_varlen_check_is_not_run_where_the_model_has_no_kernel_to_run(speedrun, flash_kernel, monkeypatch):
+def test_varlen_check_is_skipped_with_its_reason_where_the_kernel_does_not_run(speedrun, flash_kernel, monkeypatch):
     config, model_args = speedrun
-    assert card_checks.check_varlen(config, dict(model_args, n_head=4, n_embd=40), 'cpu', 'cpu') is None # heads of 10
-    # a bare CPU (bench.py's): no stand-in given, the check skipped with its reason
-    monkeypatch.setattr(card_checks, 'CHECKS', (('varlen kernel against masked', card_checks.check_varlen),))
-    result = dict(checks={})
-    card.run_checks(result, 'config', 'cpu', 'cpu', True, None, print, lambda result: None)
-    assert result['checks'] == {'varlen kernel against masked': {
-        'skipped': "FlashAttention's kernel is CUDA only (the tests give a CPU stand-in)"}}
+    assert card_checks.check_varlen(config, dict(model_args, n_head=4, n_embd=40), 'cpu', 'cpu') == {  # heads of 10
+        'skipped': 'the model does not run the kernel here (its GPU, head size or window)'}
+    monkeypatch.setattr(card_checks, 'kernel_registered_on_cpu', lambda: False)  # a bare CPU: no stand-in
+    assert card_checks.check_varlen(config, model_args, 'cpu', 'cpu') == {
+        'skipped': "FlashAttention's kernel is CUDA only (the tests give a CPU stand-in)"}
+
+
+def test_the_kernels_cpu_stand_in_is_seen_once_registered(flash_kernel):
+    assert card_checks.kernel_registered_on_cpu()  # the fixture registered it; a bare CPU is the test above's
 
 
 def test_bf16_weights_check_passes_with_stochastic_rounding_and_fails_rounded_to_nearest(speedrun, monkeypatch):
@@ -165,17 +167,14 @@ def test_run_keeps_each_figure_as_it_comes_and_a_stopped_preset_stops_only_itsel
     """The children replaced: the checks, nanoGPT's path, a preset stopped at its limit, then one measured and its
     train.py loop. The report is written after each, and each preset's row printed as it ends."""
     def measured(job, seconds, progress):
+        if job['kind'] == 'checks':
+            return dict(device='a CPU', total_memory=None, checks={'compiled against eager': fake_check(True)})
         if job['kind'] == 'nanogpt_path':
             return NANOGPT_PATH
         if job['name'] == card.SPEEDRUN:
             return dict(stopped=f'stopped after {seconds} s (card_preset_seconds) while compiling')
         return dict(compile_seconds=1.0, step_seconds=0.1, eval_micro_batch_seconds=0.01, tokens_per_s=10.0, mfu=None)
-
-    def run_checks(result, *args):
-        result['checks']['compiled against eager'] = fake_check(True)
-        args[-1](result)
     monkeypatch.setattr(card, 'measured', measured)
-    monkeypatch.setattr(card, 'run_checks', run_checks)
     monkeypatch.setattr(card, 'train_loop', lambda *args: dict(ok=True, seconds=2.0))
     kept, printed = [], []
 
@@ -184,7 +183,8 @@ def test_run_keeps_each_figure_as_it_comes_and_a_stopped_preset_stops_only_itsel
         kept.append(json.loads((tmp_path / 'card.json').read_text()))
     result = card.run('cpu', 'cpu', [card.SPEEDRUN, 'train_gpt2_4gb.py'], preset_seconds=7, progress=printed.append,
                       keep=keep)
-    assert [list(k['checks']) for k in kept[:2]] == [['compiled against eager']] * 2 and kept[0]['nanogpt_path'] is None
+    assert kept[0]['device'] == 'a CPU' and list(kept[0]['checks']) == ['compiled against eager']
+    assert kept[0]['nanogpt_path'] is None and kept[1]['nanogpt_path'] == NANOGPT_PATH
     assert [[row['preset'] for row in k['presets']] for k in kept[1:]] == [
         [], [card.SPEEDRUN], [card.SPEEDRUN, 'train_gpt2_4gb.py'], [card.SPEEDRUN, 'train_gpt2_4gb.py']]
     stopped, measured_row = result['presets']
@@ -194,6 +194,15 @@ def test_run_keeps_each_figure_as_it_comes_and_a_stopped_preset_stops_only_itsel
     rows = [line for line in printed if line.startswith('| ')]
     assert rows[0].startswith(f'| {card.SPEEDRUN} | ') and rows[1].startswith('| train_gpt2_4gb.py | ')
     assert (tmp_path / 'card.md').read_text() == card.markdown(result)
+
+
+def test_checks_stopped_at_their_limit_keep_the_ones_done_and_say_so(monkeypatch):
+    stopped = dict(device='a CPU', total_memory=None, checks={'compiled against eager': fake_check(True)},
+                   stopped='stopped after 7 s (card_preset_seconds) while varlen kernel against masked')
+    monkeypatch.setattr(card, 'measured', lambda job, *args: stopped if job['kind'] == 'checks' else {})
+    result = card.run('cpu', 'cpu', ['none.py'], preset_seconds=7, progress=lambda line: None)
+    assert list(result['checks']) == ['compiled against eager']
+    assert 'checks: stopped after 7 s (card_preset_seconds) while varlen kernel against masked\n' in card.markdown(result)
 
 
 @pytest.mark.slow
