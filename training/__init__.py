@@ -11,4 +11,6 @@ memory/        the memory tracer, the estimate before launch, the advice after a
 hellaswag.py   HellaSwag's validation set and its scoring (hellaswag.py, train.py's hellaswag key)
 paths.py       where relative paths point, and the check that out_dir can be written
 errors.py      ConfigError and fail(): one line, exit status 2
+card.py        bench.py --mode=card: its parts in child processes (card_measure.py), its checks (card_checks.py),
+               its report
 """
