@@ -39,6 +39,13 @@ def randomize(model, seed=0):
     return model
 
 
+def first_window(config):
+    """The sliding window of a run's first steps (attn_window_warmup_start where the window grows; 0: none): the
+    window every check runs at, where one off by one shows most and the fp32 reference's masked attention (a block
+    of window x 2 window scores a query block) needs the least memory."""
+    return config['attn_window_warmup_start'] if config['attn_window_warmup_iters'] else config['attn_window']
+
+
 def check_model(config, model_args, device, **options):
     """The config's model, randomized, on `device`, in fp32 weights (the checks cast by autocast)."""
     model = step.build_model(dict(config, weight_dtype='float32'), model_args, **options)
@@ -107,7 +114,7 @@ def check_compiled(config, model_args, device, device_type):
     torch.manual_seed(0)
     model = check_model(config, model_args, device)
     batch = check_batch(config, model_args['vocab_size'], device)
-    window = config['attn_window'] or None
+    window = first_window(config) or None
     eager = loss_and_gradients(model, model, batch, window, CHECK_DTYPE, device_type)
     exact = loss_and_gradients(model, model, batch, window, 'float32', device_type)
     compiled = loss_and_gradients(torch.compile(model), model, batch, window, CHECK_DTYPE, device_type)
@@ -126,12 +133,10 @@ def kernel_registered_on_cpu():
 
 def check_varlen(config, model_args, device, device_type):
     """FlashAttention's variable-length kernel against the masked attention of the same weights, both under bf16
-    autocast, at the run's first (smallest) window, where a window off by one shows most; the noise: the masked
-    attention under bf16 against fp32. Skipped, with the reason, where the model does not run the kernel."""
+    autocast; the noise: the masked attention under bf16 against fp32. Skipped, with the reason, where the model does not run the kernel."""
     if device_type != 'cuda' and not kernel_registered_on_cpu():
         return dict(skipped="FlashAttention's kernel is CUDA only (the tests give a CPU stand-in)")
-    window = config['attn_window_warmup_start'] if config['attn_window_warmup_iters'] else config['attn_window']
-    config = dict(config, attn_window=window)
+    window = first_window(config)
     # CUDA: the kernel where it runs, as in a run; a CPU: the stand-in registered for it (flash_kernel=True)
     varlen = check_model(config, model_args, device, flash_kernel=None if device_type == 'cuda' else True)
     masked = check_model(config, model_args, device, flash_kernel=False)
@@ -151,7 +156,7 @@ def trained(config, model_args, device, device_type, batch, weight_dtype, dtype)
     keys = dict(config, weight_dtype=weight_dtype, dtype=dtype, optim='adamw', optimizer_in_backward=False)
     torch.manual_seed(0)
     model = check_model(config, model_args, device).to(getattr(torch, weight_dtype))
-    window = config['attn_window'] or None
+    window = first_window(config) or None
     first = loss_and_gradients(model, model, batch, window, dtype, device_type)
     with contextlib.redirect_stdout(io.StringIO()): # the optimizer's description, once a build
         optimizer = build_optimizer(model, keys, device_type)

@@ -223,8 +223,8 @@ def main(job, path):
             row.update(measure_nanogpt_path(device, device_type, job['steps'], job['tiny'], report))
     except ConfigError as e: # a lever this machine lacks (torchao's 8-bit AdamW)
         row['skipped'] = str(e)
-    except torch.OutOfMemoryError: # what the estimate said would fit did not: the finding to report
-        row['skipped'] = 'out of memory, though the estimate fits'
+    except torch.OutOfMemoryError: # for a preset, what the estimate said would fit did not: the finding to report
+        row['skipped'] = 'out of memory' + (', though the estimate fits' if job['kind'] == 'preset' else '')
     except Exception as e: # the card goes on with the next preset; the row says what failed
         row['error'] = f'{type(e).__name__}: {first_line(e)}'
     write_atomically(path, json.dumps(dict(row, phase='done')))
