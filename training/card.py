@@ -168,7 +168,7 @@ def run(device, device_type, names=(), config_dir='config', steps=3, seconds=180
     """Everything the card mode measures, as one JSON-able dict: the checks, nanoGPT's path, then the presets (those
     of `names`, or all) in the order of preset_paths until `seconds` have passed (the rest listed as skipped), each
     part within preset_seconds. keep(result) after each part; each preset's row printed through progress as it ends.
-    This process never starts CUDA where the checks' child reports the device: the GPU is the children's."""
+    This process allocates nothing on the GPU (the checks' child reports the device): its memory is the children's."""
     tiny = device_type != 'cuda'
     start = time.perf_counter()
     result = dict(device=device, torch=torch.__version__, scaled_down=tiny, checks={}, nanogpt_path=None, presets=[])

@@ -1,7 +1,7 @@
 """bench.py --mode=card's measurements, each run by training/card.py in a child process of its own: the checks,
 nanoGPT's path, one preset. A preset hung in compilation cannot be interrupted from its own thread, but a child can be
 ended at its limit (card_preset_seconds) with the rest of the card kept; and the GPU's memory is the child's alone,
-as in a train.py run (card.py's own process never starts CUDA). The child prints the phase it enters and, as each
+as in a train.py run (card.py's own process allocates nothing there). The child prints the phase it enters and, as each
 phase starts, writes what it has measured so far to its result file (atomically): a stopped child leaves its phase
 and its figures.
 
