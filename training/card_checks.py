@@ -133,7 +133,8 @@ def kernel_registered_on_cpu():
 
 def check_varlen(config, model_args, device, device_type):
     """FlashAttention's variable-length kernel against the masked attention of the same weights, both under bf16
-    autocast; the noise: the masked attention under bf16 against fp32. Skipped, with the reason, where the model does not run the kernel."""
+    autocast; the noise: the masked attention under bf16 against fp32. Skipped, with the reason, where the model
+    does not run the kernel."""
     if device_type != 'cuda' and not kernel_registered_on_cpu():
         return dict(skipped="FlashAttention's kernel is CUDA only (the tests give a CPU stand-in)")
     window = first_window(config)
