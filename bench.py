@@ -89,8 +89,8 @@ max_new_tokens = 500 # generated from a one-token prompt by each generate
 # card mode
 card_presets = '' # the config/*_<N>gb.py presets to run, comma-separated file names; '' = all
 card_seconds = 1800 # after this many seconds the presets not yet run are listed as skipped
-card_preset_seconds = 600 # one preset's limit (its measurements and train.py's loop; nanoGPT's path's too): a
-                          # preset still running then is stopped and reported as such, the others kept
+card_preset_seconds = 600 # one preset's limit (its measurements and train.py's loop; the checks' and nanoGPT's
+                          # path's too): a preset still running then is stopped and reported as such, the others kept
 card_steps = 3 # timed steps (and evaluation micro-batches) of each preset, each after an untimed one
 card_report = 'card' # the report's path without its extension: card.md and card.json
 # -----------------------------------------------------------------------------

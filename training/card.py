@@ -31,9 +31,9 @@ import torch
 
 from model import GPT2_VOCAB_SIZE
 from training import card_checks
-from training.rules import DEFAULT_VOCAB_SIZE
 from training.card_measure import NANOGPT_CONFIG, load_preset, write_atomically
 from training.memory import estimate as em
+from training.rules import DEFAULT_VOCAB_SIZE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) # the scripts run from the repository
 PRESET_PATTERN = re.compile(r'_(\d+)gb\.py$')
