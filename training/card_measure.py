@@ -28,7 +28,7 @@ from training.errors import ConfigError, first_line
 
 # A preset's shape at a CPU's scale: the same keys and levers, a model that takes milliseconds a step
 TINY = dict(n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=2, eval_batch_size=2, vocab_size=96,
-            attn_window_warmup_start=4)
+            attn_window_warmup_start=16)
 NANOGPT_CONFIG = 'train_gpt2.py' # nanoGPT's default run: GPT-2 124M, micro-batch 12 x 1024
 
 
