@@ -10,9 +10,11 @@ $ python bench.py --count_ops=True --device=cpu  # the operators (GPU kernel lau
 $ python bench.py --mode=loss      # the loss path alone: naive, chunked, torch's, Liger's and CCE's (CUDA), matmul
                                    # floor; with --compile=True (the default on CUDA) each also compiled
 $ python bench.py --mode=sample --device=cpu  # GPT.generate with its KV cache against nanoGPT's, 500 new tokens
-$ python bench.py --mode=card      # this GPU with every card preset that fits it: measured peak memory beside the
-                                   # estimate, step time, MFU, the GPU-only checks, hours to the speedrun's budget;
-                                   # writes card.md and card.json (training/card.py; on a CPU, presets scaled down)
+$ python bench.py --mode=card      # this GPU with every card preset that fits it: the checks of its compiler, kernel
+                                   # and bf16 weights, our loss against nanoGPT's on GPT-2 124M, each preset's
+                                   # compile time, peak memory beside the estimate, step and evaluation times, MFU,
+                                   # hours of its run, and train.py's own loop; writes card.md and card.json as it
+                                   # goes (training/card.py; on a CPU, everything scaled down)
 
 Keys are overridden as in train.py: config files, then --key=value (python bench.py --help lists them). bench.py
 declares its own keys; train.py's are bench.py's too, with train.py's defaults (none is overridden here): train mode
@@ -20,6 +22,8 @@ builds train.py's model (architecture keys, weight_dtype, activation checkpointi
 keys), from scratch, without its learning rate schedule; compile compiles that model, and in loss mode each loss
 besides its eager self; sample mode runs generate eagerly, as nanoGPT's does.
 """
+from training.allocator import use_train_allocator
+use_train_allocator() # train.py's allocator settings, before torch's import: the card's "reserved" is train.py's
 import gc
 import importlib
 import itertools
@@ -90,8 +94,10 @@ loss_runs = 5 # timed forward+backward runs per method and N, after a first call
 max_new_tokens = 500 # generated from a one-token prompt by each generate
 # card mode
 card_presets = '' # the config/*_<N>gb.py presets to run, comma-separated file names; '' = all
-card_seconds = 420 # after this many seconds the presets not yet run are listed as skipped
-card_steps = 3 # timed steps of each preset, after one untimed
+card_seconds = 1800 # after this many seconds the presets not yet run are listed as skipped
+card_preset_seconds = 600 # one preset's limit (its measurements and train.py's loop; the checks' and nanoGPT's
+                          # path's too): a preset still running then is stopped and reported as such, the others kept
+card_steps = 3 # timed steps (and evaluation micro-batches) of each preset, each after an untimed one
 card_report = 'card' # the report's path without its extension: card.md and card.json
 # -----------------------------------------------------------------------------
 # then train.py's keys, with train.py's defaults, so that its presets and model and optimizer keys apply as they are
@@ -509,10 +515,11 @@ def bench_sample():
 
 
 def bench_card():
-    """training/card.py's measurements of this device with the presets, and its report written."""
+    """training/card.py's measurements of this device with the presets; its report rewritten as each figure comes."""
     names = [name for name in card_presets.split(',') if name]
     result = card.run(device, device_type, names, steps=card_steps, seconds=card_seconds,
-                      progress=lambda line: print(line, flush=True))
+                      preset_seconds=card_preset_seconds, progress=lambda line: print(line, flush=True),
+                      keep=lambda result: card.write_report(result, card_report))
     print(card.markdown(result))
     print('wrote ' + ' and '.join(card.write_report(result, card_report)))
 

@@ -25,10 +25,8 @@ checkpoints, optimizers, parallelism, memory) lives in training/, one concern a 
 """
 
 import os
-# expandable segments make fragmentation-driven OOMs rarer; the allocator reads this when CUDA first starts,
-# so it is set before torch is imported. A configuration of the user's own wins.
-if 'PYTORCH_CUDA_ALLOC_CONF' not in os.environ and 'PYTORCH_ALLOC_CONF' not in os.environ:
-    os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'
+from training.allocator import use_train_allocator
+use_train_allocator() # expandable segments, set before torch is imported (the allocator reads them as CUDA starts)
 import gc
 import itertools
 import sys

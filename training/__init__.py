@@ -6,8 +6,11 @@ optim.py       the optimizers (`optim`), their updates on bf16 weights, the step
 parallel.py    the `parallelism` modes under torchrun, the full-tensor checkpoint, timeouts and the launcher watch
 schedule.py    the learning rate schedule
 device.py      default device and dtype, their checks, the GPUs' peak FLOPS for MFU
+allocator.py   train.py's CUDA allocator settings, applied before torch's import (train.py, bench.py)
 memory/        the memory tracer, the estimate before launch, the advice after an out-of-memory error
 hellaswag.py   HellaSwag's validation set and its scoring (hellaswag.py, train.py's hellaswag key)
 paths.py       where relative paths point, and the check that out_dir can be written
 errors.py      ConfigError and fail(): one line, exit status 2
+card.py        bench.py --mode=card: its parts in child processes (card_measure.py), its checks (card_checks.py),
+               its report
 """

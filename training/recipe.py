@@ -58,21 +58,28 @@ RUNS = {'baseline': BASELINE, 'recipe': RECIPE, **{name: RECIPES[name] for name 
         **{f'recipe+{component}': {**RECIPE, **change} for component, change in {**DROPPED, **LAYOUTS}.items()}}
 
 
+def at_depth(keys):
+    """keys whose value_embeds and no_attn_layer, set for a record's RECORD_DEPTH blocks, are scaled to keys' n_layer,
+    the block without attention kept only where it has no table (the 4 Jan 2025 record's 3 tables and attention-less
+    block 7: 1 table and block 2 of 4 blocks; 1 table and attention in both of 2)."""
+    if keys['n_layer'] == RECORD_DEPTH:
+        return keys
+    scale, tables = keys['n_layer'] / RECORD_DEPTH, keys['value_embeds']
+    tables = max(1, round(tables * scale)) if tables else 0
+    layer = int(keys['no_attn_layer'] * scale)
+    kept = keys['no_attn_layer'] >= 0 and tables <= layer < keys['n_layer'] - tables
+    return dict(keys, value_embeds=tables, no_attn_layer=layer if kept else -1)
+
+
 def run_keys(run, config):
     """train.py's keys of `run` (a dict of keys that differ from config's): config's, with GPT-2's architecture where
     neither sets a modern key; a run on AdamW drops the keys only Muon reads. A run of LAYOUTS attends within the
     documents that config's eot_token separates, and its 'pack' multiplies block_size and divides batch_size by it,
     with attn_window the config's block_size; 'window_warmup' makes that window grow from block_size // 16 over
-    max_iters to its multiple of block_size. A record's value_embeds and no_attn_layer, set for RECORD_DEPTH blocks,
-    scale with n_layer, the block without attention kept only where it has no table (the 4 Jan 2025 record's 3 tables
-    and attention-less block 7: 1 table and block 2 of 4 blocks; 1 table and attention in both of 2)."""
+    max_iters to its multiple of block_size. A record's layers scale with n_layer (at_depth)."""
     keys = {**MODERN_DEFAULTS, **config, **run}
-    if any(run is RECIPES[name] for name in RECORDS) and keys['n_layer'] != RECORD_DEPTH:
-        scale, tables = keys['n_layer'] / RECORD_DEPTH, keys['value_embeds']
-        tables = keys['value_embeds'] = max(1, round(tables * scale)) if tables else 0
-        layer = int(keys['no_attn_layer'] * scale)
-        kept = keys['no_attn_layer'] >= 0 and tables <= layer < keys['n_layer'] - tables
-        keys['no_attn_layer'] = layer if kept else -1
+    if any(run is RECIPES[name] for name in RECORDS):
+        keys = at_depth(keys)
     if keys['optim'] != 'muon':
         keys.update(dict.fromkeys(MUON_ONLY_KEYS, 0))
     if keys.pop('documents', False):

@@ -1,11 +1,14 @@
 """bench.py: both modes on tiny shapes (seconds), and its one-line errors. No timings."""
 import json
+import math
 import re
+
+import pytest
 
 import torch
 import torch.nn.functional as F
 
-from helpers import run_script
+from helpers import patched_env, run_script
 
 
 TINY_TRAIN = ['--device=cpu', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16',
@@ -140,21 +143,42 @@ def test_sample_mode_times_generate_with_and_without_the_cache_and_they_agree():
     assert result.stdout.splitlines()[-1].endswith('x, same tokens: True')
 
 
-def test_card_mode_on_a_cpu_runs_the_presets_scaled_down_and_writes_its_report(tmp_path):
-    """The card command's own code at a CPU's scale (no memory counters, no GPU-only checks there): the estimate and
-    the measured step of each preset asked for, the speedrun preset's hours, card.md and card.json."""
+def test_card_mode_on_a_cpu_checks_measures_and_runs_train_py_scaled_down_and_writes_its_report(tmp_path):
+    """The card command's own code at a CPU's scale, the varlen kernel's CPU stand-in given to it
+    (patches/card_varlen_stand_in.py): the three checks pass on randomized weights (losses away from ln(V), nonzero
+    gradient differences), nanoGPT's path, the speedrun preset's compile, step and evaluation times and its hours,
+    train.py's loop with its resume; the phases as they run, the row as soon as it is measured, card.md and
+    card.json."""
     report = tmp_path / 'card'
-    result = run_script('bench.py', '--mode=card', '--device=cpu', '--card_steps=1', f'--card_report={report}',
-                        '--card_presets=speedrun_gpt2_12gb.py,train_gpt2_4gb.py', timeout=600)
+    result = run_script('bench.py', '--mode=card', '--device=cpu', '--card_steps=2', f'--card_report={report}',
+                        '--card_presets=speedrun_gpt2_12gb.py', env=patched_env('card_varlen_stand_in'), timeout=900)
     assert result.returncode == 0, result.stderr
     data = json.loads((tmp_path / 'card.json').read_text())
-    assert data['scaled_down'] and data['checks'] == {}
-    assert [row['preset'] for row in data['presets']] == ['speedrun_gpt2_12gb.py', 'train_gpt2_4gb.py']
-    for row in data['presets']:
-        assert row['fits'] and row['estimated_peak_bytes'] > 0 and row['step_seconds'] > 0 and row['tokens_per_s'] > 0
-    assert data['speedrun_tokens'] == 1390 * 2 * 64 * 2 and data['speedrun_hours'] > 0  # TINY's rows, 2 micro-steps
+    assert data['scaled_down'] and list(data['checks']) == ['compiled against eager', 'varlen kernel against masked',
+                                                            'bf16 weights against fp32']
+    for name, check in data['checks'].items():
+        assert check['passed'], (name, check)
+        assert abs(check['loss'] - math.log(96)) > 0.1 and check['gradient_difference'] > 0  # TINY's vocabulary
+        assert check['parameters'] == 16  # every parameter's gradient compared: the tiny record model's
+    path = data['nanogpt_path']
+    assert path['vocab_size'] == 50304 and path['eager_ratio'] > 0 and path['compiled_ratio'] > 0
+    assert path['ours_peak_bytes'] is None and path['naive_peak_bytes'] is None  # CUDA only
+    [row] = data['presets']
+    assert row['preset'] == 'speedrun_gpt2_12gb.py' and row['fits'] and row['estimated_peak_bytes'] > 0
+    assert row['compile_seconds'] > 0 and row['step_seconds'] > 0 and row['eval_micro_batch_seconds'] > 0
+    assert row['train_hours'] == pytest.approx(1390 * row['step_seconds'] / 3600)
+    assert row['eval_hours'] > 0 and row['hours'] == row['train_hours'] + row['eval_hours']
+    assert row['train_loop']['ok'], row['train_loop']
+    assert data['speedrun']['tokens'] == 1390 * 2 * 64 * 2 and data['speedrun']['hours'] == row['hours']
+    lines = result.stdout.splitlines()
+    phases = [f'speedrun_gpt2_12gb.py: {phase}' for phase in ('building', 'compiling', 'timing', 'evaluating',
+                                                              'train.py loop', 'train.py resume')]
+    assert [line for line in lines if line in phases] == phases
+    row_line = next(i for i, line in enumerate(lines) if line.startswith('| speedrun_gpt2_12gb.py | '))
+    assert row_line < lines.index('# cpu (presets scaled down)')  # printed as measured, before the report
     markdown = (tmp_path / 'card.md').read_text()
     assert markdown.startswith('# cpu (presets scaled down)\n')
-    assert '| speedrun_gpt2_12gb.py | ' in markdown and '| train_gpt2_4gb.py | ' in markdown
+    assert markdown.count('| pass | ') == 3 and "nanoGPT's path, config/train_gpt2.py: micro-batch 2 x 64" in markdown
+    assert lines[row_line] + '\n' in markdown and lines[row_line].endswith(' s) |')
     assert 'speedrun_gpt2_12gb.py (scaled down: not the real budget): 355,840 tokens in ' in markdown
     assert f'wrote {report}.md and {report}.json' in result.stdout
