@@ -100,10 +100,10 @@ def test_card_presets_fit_their_card(card_preset_traces, path):
 
 def test_gpt2_at_batch_64_naive_loss_builds_the_full_logits_and_chunked_does_not():
     """The seeds' "Tried to allocate 6.14 GiB": nanoGPT's logits of GPT-2 124M at batch 64 x 1024; model.py's loss holds
-    nothing of them beyond a chunk, the largest tensor of its trace an MLP activation."""
+    nothing of them beyond a chunk (loss_chunk_mib's), the largest tensor of its trace a tenth of the logits."""
     _, chunked, logits = check_only_the_naive_loss_holds_the_logits(64, n_layer=12)
     assert round(logits['bytes'] / GIB, 2) == 6.14
-    assert chunked['largest_allocations'][0]['bytes'] < GIB // 2
+    assert chunked['largest_allocations'][0]['bytes'] < logits['bytes'] // 10
 
 
 def passes_train_py_checks(config, command):

@@ -106,7 +106,9 @@ def test_flash_kernel_trains_compiled_as_the_masked_attention_does(tmp_path, dat
     flash_varlen_on_a_cpu.py), compiled, with activation checkpointing, the recipe and its growing window, gives the
     losses of the masked attention run eagerly, in training and evaluation. In fp32, which the CUDA kernel refuses:
     the losses agree to 1e-4, which bf16 would round away (a bf16 run through train.py: test_train_card.py)."""
-    args = [*MODERN_RECIPE_ARGS, '--activation_checkpointing=True', '--max_iters=8', '--eval_interval=4']
+    # the window by position, FlashAttention's kind (a window in blocks runs the masked attention)
+    args = [*MODERN_RECIPE_ARGS, '--attn_window_block=0', '--activation_checkpointing=True', '--max_iters=8',
+            '--eval_interval=4']
     masked = train(data_dir, tmp_path / 'masked', *args)
     flash = train(data_dir, tmp_path / 'flash', *args, '--compile=True',
                   env=patched_env('counted_flash_kernel', FLASH_FULL_PRECISION='1'))
