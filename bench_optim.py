@@ -47,7 +47,7 @@ from training import recipe, rules, step
 from training.device import TORCH_DTYPES
 from training.errors import ConfigError, install_handler
 from training.optim import build_optimizer, check_config, muon_matrices, schedule_groups
-from training.schedule import attn_window_at, scheduled_lr
+from training.schedule import scheduled_lr, scheduled_window
 
 install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
 
@@ -175,8 +175,7 @@ def train(run, seed, val_batches):
         (seed, 0, it)))) for it in itertools.count()) # as train.py's: each step's batch fetched during the one before
     curve, seconds = {}, 0.0
     for it in range(max_iters + 1):
-        window = attn_window_at(it, keys['attn_window'], keys['attn_window_warmup_start'],
-                                keys['attn_window_warmup_iters'], keys['attn_window_warmup_end']) # as train.py's
+        window = scheduled_window(it, keys) # as train.py's
         if it % eval_interval == 0 or it == max_iters:
             curve[it] = val_loss(model, val_batches, ctx, window)
             print(f'{run} seed {seed} step {it}: val loss {curve[it]:.4f}', flush=True)

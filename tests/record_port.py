@@ -7,7 +7,7 @@ import torch
 
 from training import rules, step
 from training.optim import schedule_groups
-from training.schedule import attn_window_at, scheduled_lr
+from training.schedule import scheduled_lr, scheduled_window
 
 
 class KeepsGradients:
@@ -45,8 +45,7 @@ def our_steps(config, vocab_size, weights, first, x, y):
     results = []
     for it in (first, first + 1):
         schedule_groups(optimizer.optimizer, it, scheduled_lr(it, config), config)  # as train.py's loop
-        window = attn_window_at(it, config['attn_window'], config['attn_window_warmup_start'],
-                                config['attn_window_warmup_iters'], config['attn_window_warmup_end'])
+        window = scheduled_window(it, config)
         with torch.no_grad():
             _, loss = model(x, y, attn_window=window)  # in float64: train_step sums the losses it logs in fp32
         logged, _ = step.train_step(model, optimizer, batches, config['gradient_accumulation_steps'],

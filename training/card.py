@@ -156,7 +156,8 @@ def run_preset(path, device, device_type, tiny, card_bytes, steps, seconds, prog
                device_type=device_type, steps=steps)
     row.update(measured(job, seconds, progress))
     if 'step_seconds' in row and 'eval_micro_batch_seconds' in row:
-        row.update(run_hours(config, row))
+        row.update(run_hours(config, row), tokens=config['max_iters'] * config['batch_size'] * config['block_size'] *
+                   config['gradient_accumulation_steps']) # the run's, which the hours are for
     if not any(key in row for key in ('skipped', 'stopped', 'error')):
         row['train_loop'] = train_loop(path, config, overrides, model_args, tiny,
                                        seconds - (time.perf_counter() - start), progress)
@@ -199,10 +200,7 @@ def run(device, device_type, names=(), config_dir='config', steps=3, seconds=180
             row = run_preset(path, device, device_type, tiny, card_bytes, steps, preset_seconds, progress)
         result['presets'].append(row)
         if name == SPEEDRUN and 'hours' in row:
-            config, _, _ = load_preset(path, tiny)
-            result['speedrun'] = dict(tokens=config['max_iters'] * config['batch_size'] * config['block_size'] *
-                                      config['gradient_accumulation_steps'],
-                                      **{key: row[key] for key in ('train_hours', 'eval_hours', 'hours')})
+            result['speedrun'] = {key: row[key] for key in ('tokens', 'train_hours', 'eval_hours', 'hours')}
         progress(preset_line(row))
         result['seconds'] = time.perf_counter() - start
         keep(result)

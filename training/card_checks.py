@@ -19,6 +19,7 @@ import torch
 import model as model_lib
 from training import step
 from training.optim import build_optimizer
+from training.schedule import scheduled_window
 
 NOISE_MULTIPLE = 4 # a path passes within this many times its reference's own bf16 noise
 # the least noise a quantity is given, relative: a 16th of one bf16 rounding (2^-8), so that the reference's two
@@ -41,10 +42,10 @@ def randomize(model, seed=0):
 
 
 def first_window(config):
-    """The sliding window of a run's first steps (attn_window_warmup_start where the window grows; 0: none): the
-    window every check runs at, where one off by one shows most and the fp32 reference's masked attention (a block
-    of window x 2 window scores a query block) needs the least memory."""
-    return config['attn_window_warmup_start'] if config['attn_window_warmup_iters'] else config['attn_window']
+    """The sliding window of a run's first step (0: none): the window every check runs at, where one off by one shows
+    most and the fp32 reference's masked attention (a block of window x 2 window scores a query block) needs the
+    least memory."""
+    return scheduled_window(0, config)
 
 
 def check_model(config, model_args, device, **options):

@@ -43,6 +43,12 @@ def scheduled_lr(it, config):
     return cosine_lr(it, config['learning_rate'], config['min_lr'], config['warmup_iters'], config['lr_decay_iters'])
 
 
+def scheduled_window(it, config):
+    """attn_window_at of iteration `it` under train.py's keys in `config`."""
+    return attn_window_at(it, config['attn_window'], config['attn_window_warmup_start'],
+                          config['attn_window_warmup_iters'], config['attn_window_warmup_end'])
+
+
 def attn_window_at(it, attn_window, start, warmup_iters, end=0):
     """The sliding window of iteration `it` under a window warmup (train.py's attn_window_warmup_iters > 0): `start`
     positions at the first iteration, growing linearly to `end` (0: attn_window) at warmup_iters, in whole multiples

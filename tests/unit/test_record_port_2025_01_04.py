@@ -17,7 +17,7 @@ from helpers import ROOT
 from model import GPT, GPTConfig
 from record_port import disagreements as port_disagreements
 from training import rules
-from training.schedule import attn_window_at
+from training.schedule import scheduled_window
 
 PRESET = ROOT / 'config' / 'speedrun_gpt2_12gb.py'
 SMALL = dict(n_embd=48, block_size=128)  # the preset's 12 layers and 6 heads: heads of 8
@@ -140,9 +140,7 @@ def test_the_preset_is_the_record_loss_gradients_and_two_steps_in_float64():
 def test_the_presets_window_is_the_records_at_every_step():
     """1 block of 128 at first, 14 (1,792) from step 1,339 to the final validation at 1,390, as the record's."""
     config = configurator.load_config(configurator.train_keys(), [str(PRESET)])
-    ours = [attn_window_at(it, config['attn_window'], config['attn_window_warmup_start'],
-                           config['attn_window_warmup_iters'], config['attn_window_warmup_end'])
-            for it in range(config['max_iters'] + 1)]
+    ours = [scheduled_window(it, config) for it in range(config['max_iters'] + 1)]
     assert ours == [128 * R.window_blocks_at(it, R.RecordConfig()) for it in range(1391)]
     assert (ours[0], ours[1338], ours[1339], ours[-1]) == (128, 1664, 1792, 1792)
 
