@@ -25,6 +25,7 @@ from training import card_checks, rules, step
 from training.card_checks import autocast
 from training.device import peak_flops
 from training.errors import ConfigError, first_line
+from training.memory.estimate import random_batch
 from training.recipe import at_depth
 
 # A preset's shape at a CPU's scale: the same keys and levers, a model that takes milliseconds a step
@@ -66,10 +67,10 @@ def load_preset(path, tiny, vocab_size=None):
 def synthetic_batches(config, vocab_size, device):
     """Random tokens, a document token every 200 positions where the model has one: the records' packed layout."""
     def batch():
-        x = torch.randint(vocab_size, (config['batch_size'], config['block_size']), device=device)
+        x, y = random_batch(config['batch_size'], config['block_size'], vocab_size, device)
         if config['doc_token'] >= 0:
             x[:, ::200] = config['doc_token']
-        return x, torch.randint(vocab_size, x.shape, device=device)
+        return x, y
     return step.Prefetcher(batch() for _ in itertools.count())
 
 
