@@ -122,9 +122,9 @@ def train_steps(model, optimizer, steps, first=0, scaler=None):
 
 
 # every modern architecture option of GPTConfig (model.py) on, as train.py keys, but value_scale and no_attn_layer,
-# which act on blocks without a value table: TINY_ARGS' 2 blocks both have one (tests/unit: their own); the window, in blocks of 2 positions, is shorter than TINY_ARGS'
-# block_size (attention in blocks), grows to it from 2 over the first 6 iterations (2, 2, 4, 4, 6, 6, 8), and token 0
-# (a character dataset's newline) starts each document
+# which act on blocks without a value table: TINY_ARGS' 2 blocks both have one (tests/unit: their own); the window,
+# in blocks of 2 positions, is shorter than TINY_ARGS' block_size (attention in blocks), grows to it from 2 over the
+# first 6 iterations (2, 2, 4, 4, 6, 6, 8), and token 0 (a character dataset's newline) starts each document
 MODERN_ARCH_ARGS = ['--pos_emb=rope', '--norm=rmsnorm', '--qk_norm=True', '--mlp=relu2', '--tie_weights=False',
                     '--zero_init_proj=True', '--logit_softcap=15.0', '--value_embeds=1', '--unet_skips=True',
                     '--x0_shortcut=True', '--embed_norm=True', '--norm_gain=False', '--value_residual=True',
