@@ -95,7 +95,8 @@ def test_compiled_check_fails_where_the_compiled_model_drops_a_term(monkeypatch)
 
 
 def gradients(a, b, c):
-    return {'a': torch.full((4,), a), 'b': torch.full((4,), b), 'c': torch.full((4,), c)}
+    """Three matrices' gradients, each judged on its own."""
+    return {'a': torch.full((2, 2), a), 'b': torch.full((2, 2), b), 'c': torch.full((2, 2), c)}
 
 
 def test_compare_fails_a_loss_or_any_gradient_beyond_its_noise():
@@ -117,6 +118,24 @@ def test_a_gradient_whose_precisions_agree_by_chance_takes_the_median_noise():
     within_median = card_checks.compare((2.002, gradients(1.01, 1.0079, 1.002)), noisy, noisy, exact)
     assert within_median['passed'] and within_median['gradient_noise'] == pytest.approx(2e-3, rel=1e-3)
     assert not card_checks.compare((2.002, gradients(1.01, 1.0081, 1.002)), noisy, noisy, exact)['passed']
+
+
+def test_scalars_are_judged_together_so_one_bf16_scatter_passes_and_one_wrong_gradient_fails():
+    """The H200's varlen check: the matrices within 1.1x their noise, one lambda at 5x its own (0.086 against
+    0.0175) among others at or below theirs. Pooled, the lambdas pass; one of them wrong by half fails them."""
+    exact = (2.0, {'w': torch.ones(2, 2), **{f'lambda{i}': torch.ones(1) for i in range(6)}})
+    noises = [0.0175, 0.02, 0.01, 0.015, 0.012, 0.02]
+    noisy = (2.0005, {'w': torch.full((2, 2), 1.01), **{f'lambda{i}': torch.full((1,), 1 + n)
+                                                        for i, n in enumerate(noises)}})
+    differences = [0.086, 0.01, 0.012, 0.005, 0.015, 0.01]
+    scattered = {'w': torch.full((2, 2), 1.021), **{f'lambda{i}': torch.full((1,), 1 + n + d)
+                                                    for i, (n, d) in enumerate(zip(noises, differences))}}
+    check = card_checks.compare((2.0005, scattered), noisy, noisy, exact)
+    assert check['passed'] and check['gradient_parameter'] == '6 scalars and vectors, pooled'
+    assert check['gradients']['lambda0'] == pytest.approx([0.086, 0.0175], rel=1e-4)  # each kept for the report
+    wrong = dict(scattered, lambda3=torch.full((1,), 1.5))
+    broken = card_checks.compare((2.0005, wrong), noisy, noisy, exact)
+    assert not broken['passed'] and broken['gradient_parameter'] == '6 scalars and vectors, pooled'
 
 
 def test_unjudged_gradients_are_reported_and_pass():
