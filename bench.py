@@ -118,12 +118,16 @@ loss_names = config['loss'].split(',')
 for name in loss_names:
     if name not in LOSSES:
         raise ConfigError(f"unknown loss {name!r}: use {', '.join(LOSSES)}, comma-separated")
-    if LOSSES[name] is None:
-        raise ConfigError(f'loss=torch needs F.linear_cross_entropy with LinearCrossEntropyOptions, which torch '
-                          f'{torch.__version__} lacks')
-    if name == 'torch' and config['logit_softcap']:
-        raise ConfigError(f"loss=torch has no logit soft-capping: use --loss=chunked,naive with "
-                          f"logit_softcap={config['logit_softcap']}, or --logit_softcap=0")
+# torch's own loss is optional, as the libraries of --mode=loss are: skipped with a note beside others, refused alone
+if LOSSES['torch'] is None and 'torch' in loss_names:
+    missing = f'F.linear_cross_entropy with LinearCrossEntropyOptions, which torch {torch.__version__} lacks'
+    if loss_names == ['torch']:
+        raise ConfigError(f'loss=torch needs {missing}: use --loss=chunked,naive, or a newer torch')
+    print(f'loss torch skipped: it needs {missing}')
+    loss_names.remove('torch')
+if 'torch' in loss_names and config['logit_softcap']:
+    raise ConfigError(f"loss=torch has no logit soft-capping: use --loss=chunked,naive with "
+                      f"logit_softcap={config['logit_softcap']}, or --logit_softcap=0")
 if config['find_batch_size'] and device_type != 'cuda':
     raise ConfigError('find_batch_size tries micro-batches until the GPU runs out of memory: it needs CUDA')
 globals().update(config)

@@ -64,6 +64,19 @@ def test_train_mode_trains_the_model_and_optimizer_of_a_train_py_config(tmp_path
     assert 'time per iteration: ' in result.stdout
 
 
+def test_train_mode_skips_torchs_loss_where_torch_lacks_it_and_refuses_it_alone():
+    """docs/loss.md's command on torch 2.11 (the GPU suite's there): chunked and naive timed, torch's named as skipped."""
+    env = patched_env('torch_2_11')
+    result = run_script('bench.py', *TINY_TRAIN, '--real_data=False', '--loss=chunked,naive,torch', env=env)
+    assert result.returncode == 0, result.stderr
+    assert 'loss torch skipped: it needs F.linear_cross_entropy with LinearCrossEntropyOptions' in result.stdout
+    table = result.stdout[result.stdout.index('loss     micro-batch'):].splitlines()[1:]
+    assert [row.split()[0] for row in table] == ['chunked', 'naive']
+    alone = run_script('bench.py', *TINY_TRAIN, '--real_data=False', '--loss=torch', env=env)
+    assert alone.returncode == 2 and 'use --loss=chunked,naive, or a newer torch' in alone.stderr, alone.stderr
+    assert len(alone.stderr.strip().splitlines()) == 1
+
+
 def test_train_mode_refuses_what_train_py_refuses_and_softcap_with_torch_loss():
     for args, message in ((['--optimizer_in_backward=True'], 'use --grad_clip=0.0'),
                           (['--pos_emb=alibi'], 'pos_emb'),
