@@ -3,12 +3,14 @@ the token budget, its one-line errors and Ctrl-C. No network: BPE goes through a
 import json
 import os
 
-import datasets
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import tiktoken
+
+# requirements.txt's, for prepare/openwebtext.py alone: a machine running only the GPU suite may lack it
+datasets = pytest.importorskip('datasets')
+import pyarrow as pa  # noqa: E402  (datasets' own dependency)
+import pyarrow.parquet as pq  # noqa: E402
 
 from helpers import EOT, tiny_encoding
 from prepare import common, openwebtext
