@@ -14,7 +14,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
@@ -35,9 +34,10 @@ NANOGPT_CONFIG = 'train_gpt2.py' # nanoGPT's default run: GPT-2 124M, micro-batc
 
 
 def write_atomically(path, text):
-    """`text` to `path` through a temporary file beside it and os.replace: a reader sees the old file or the new."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix='.card-', suffix='.tmp')
-    with os.fdopen(fd, 'w', encoding='utf-8') as f:
+    """`text` to `path` through a temporary file beside it and os.replace: a reader sees the old file or the new. The
+    file is opened as any (the umask's permissions, not mkstemp's owner-only), named by this process."""
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f'.{os.path.basename(path)}.{os.getpid()}.tmp')
+    with open(tmp, 'w', encoding='utf-8') as f:
         f.write(text)
     os.replace(tmp, path)
 

@@ -234,6 +234,10 @@ def test_run_keeps_each_figure_as_it_comes_and_a_stopped_preset_stops_only_itsel
     rows = [line for line in printed if line.startswith('| ')]
     assert rows[0].startswith(f'| {card.SPEEDRUN} | ') and rows[1].startswith('| train_gpt2_4gb.py | ')
     assert (tmp_path / 'card.md').read_text() == card.markdown(result)
+    plain = tmp_path / 'plain'  # the reports readable as any file the user writes: the umask's permissions
+    plain.write_text('')
+    assert {(tmp_path / f'card.{ext}').stat().st_mode for ext in ('md', 'json')} == {plain.stat().st_mode}
+    assert sorted(path.name for path in tmp_path.iterdir()) == ['card.json', 'card.md', 'plain']  # no temporary left
 
 
 def test_checks_stopped_at_their_limit_keep_the_ones_done_and_say_so(monkeypatch):
