@@ -44,7 +44,7 @@ class LayerNorm(nn.Module):
 class Attention(NamedTuple):
     """The attention every layer runs in one forward, chosen once by GPT.attention, and what that kind needs."""
     kind: str # 'causal' (GPT-2's), 'masked', 'window' (blocked_attention), 'varlen' (document_attention), 'cache'
-    mask: torch.Tensor = None # masked: (B, 1, T, T); window: (B, n_blocks, 1, w, 2w); cache: (B or 1, 1, T, keys)
+    mask: torch.Tensor = None # additive: masked (B, 1, T, T); window (B, n_blocks, 1, w, 2w); cache (B or 1, 1, T, keys)
     documents: tuple = () # varlen: (FlashAttention's kernel, its dtype, cu_seqlens, longest: document_segments')
     window: int = 0 # varlen: the sliding window (0: none)
     offset: int = 0 # cache: the position of the first new token
@@ -355,6 +355,7 @@ class GPT(nn.Module):
             mask = local_attention_mask(pos, keys, window, doc, k_doc, block).unsqueeze(-3) # (B or 1, 1, t, keys)
             if padded: # a padding query attends to itself alone: no row of the mask empty (SDPA's NaN)
                 mask = mask | torch.eye(t, dtype=torch.bool, device=idx.device)
+            mask = additive_mask(mask, self.compute_dtype(idx.device.type))
             return Attention('masked', mask=mask) if cache is None else Attention('cache', mask, offset=cache.length)
         n = -(-t // window) # blocks of `window` queries, the last one padded; each sees its block and the one before
         q_pos = torch.arange(n * window, device=idx.device).view(n, window)
@@ -365,6 +366,7 @@ class GPT(nn.Module):
             q_doc = framed[:, window:(n + 1) * window].view(b, n, window)
             k_doc = framed.unfold(1, 2 * window, window)[:, :n]
         mask = local_attention_mask(q_pos, k_pos, window, q_doc, k_doc, block) # in blocks: none over window - 1 back
+        mask = additive_mask(mask, self.compute_dtype(idx.device.type))
         return Attention('window', mask=mask.expand(b, n, window, 2 * window).unsqueeze(2).contiguous())
 
     def compute_dtype(self, device_type):
@@ -545,12 +547,17 @@ def local_attention_mask(q_pos, k_pos, window, q_doc=None, k_doc=None, block=0):
     one of the window // block blocks up to the query's, every such key up to the query in its document."""
     q_pos, k_pos = q_pos[..., :, None], k_pos[..., None, :]
     mask = (k_pos >= 0) & (k_pos <= q_pos)
-    if window:
-        near = q_pos // block - k_pos // block < window // block if block else q_pos - k_pos < window
+    if window: # each side compared as it is, not their (Tq, Tk) difference: no int64 matrix beside the mask
+        near = k_pos // block > q_pos // block - window // block if block else k_pos > q_pos - window
         mask = mask & near
     if q_doc is not None:
         mask = mask & (q_doc[..., :, None] == k_doc[..., None, :])
     return mask
+
+def additive_mask(mask, dtype):
+    """A bool mask (True: attend) as the float mask SDPA adds to its scores, 0 or -inf in `dtype`, made once a
+    forward: given the bool mask, SDPA converts it in every layer and keeps each layer's copy for backward."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float('-inf'))
 
 def blocked_attention(q, k, v, mask, dropout_p):
     """Sliding-window attention in blocks: the queries of each block of w positions (w = attn_window) against the

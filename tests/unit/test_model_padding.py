@@ -59,7 +59,7 @@ def test_a_padded_row_has_the_losses_and_logits_it_has_alone(options, where):
     attention = model.attention(tokens, positions, None, model.config.attn_window)
     # a padding query sees itself: no query without a key, for which some of SDPA's CUDA kernels have given NaN
     # (pytorch/pytorch#110213) that attention's weights of 0 carry into every later position (0 * NaN)
-    assert attention.kind == 'masked' and attention.mask.any(-1).all()
+    assert attention.kind == 'masked' and (attention.mask == 0).any(-1).all()  # additive: 0 where a key is seen
     with torch.no_grad():
         _, losses = model(tokens, padded_targets, reduction='none', positions=positions)
         logits, _ = model(tokens, positions=positions)
