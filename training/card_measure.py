@@ -22,6 +22,7 @@ import configurator
 from chunked_loss import chunked_cross_entropy, naive_cross_entropy
 from training import card_checks, rules, step
 from training.card_checks import autocast
+from training.data import atomic_files
 from training.device import peak_flops
 from training.errors import ConfigError, first_line
 from training.memory.estimate import random_batch
@@ -34,12 +35,10 @@ NANOGPT_CONFIG = 'train_gpt2.py' # nanoGPT's default run: GPT-2 124M, micro-batc
 
 
 def write_atomically(path, text):
-    """`text` to `path` through a temporary file beside it and os.replace: a reader sees the old file or the new. The
-    file is opened as any (the umask's permissions, not mkstemp's owner-only), named by this process."""
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f'.{os.path.basename(path)}.{os.getpid()}.tmp')
-    with open(tmp, 'w', encoding='utf-8') as f:
+    """`text` to `path` through training.data's atomic_files: a reader sees the old file or the new, with the
+    permissions of any file the user writes."""
+    with atomic_files(path) as (tmp,), open(tmp, 'w', encoding='utf-8') as f:
         f.write(text)
-    os.replace(tmp, path)
 
 
 def load_preset(path, tiny, vocab_size=None):
