@@ -108,9 +108,10 @@ def compare(path, reference, noisy, exact, judged=lambda gradient: True):
                         relative(noisy_grads[name], exact_grads[name], exact_grads[name])]
                  for name, grad in grads.items()} # each parameter's [difference, noise]: the report's JSON keeps them
     least_noise = max(NOISE_FLOOR, statistics.median(noise for _, noise in gradients.values()))
-    unjudged = max([gradients[name][0] for name in grads if not judged(exact_grads[name])], default=0.0)
-    quantities = [(name, *gradients[name]) for name in grads if judged(exact_grads[name]) and grads[name].dim() >= 2]
-    pooled = [gradients[name] for name in grads if judged(exact_grads[name]) and grads[name].dim() < 2]
+    judged_names = [name for name in grads if judged(exact_grads[name])]
+    unjudged = max([gradients[name][0] for name in grads if name not in judged_names], default=0.0)
+    quantities = [(name, *gradients[name]) for name in judged_names if grads[name].dim() >= 2]
+    pooled = [gradients[name] for name in judged_names if grads[name].dim() < 2]
     if pooled:
         root_mean_square = lambda values: math.sqrt(sum(v * v for v in values) / len(values))
         quantities.append((f'{len(pooled)} scalars and vectors, pooled', *map(root_mean_square, zip(*pooled))))
