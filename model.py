@@ -1,10 +1,11 @@
 """
 Full definition of a GPT Language Model: nanoGPT's modules, parameter names, init and API, so nanoGPT checkpoints
-load as they are. It needs only torch and chunked_loss.py, whose chunked_cross_entropy is the loss: the (B*T, vocab)
-logits never exist. Copy the two files anywhere.
+load as they are. It needs only torch, chunked_loss.py, whose chunked_cross_entropy is the loss (the (B*T, vocab)
+logits never exist), and attention.py, the kinds of attention that windows, documents and generation's cache call
+for. Copy the three files anywhere.
 GPT-2's path comes first (LayerNorm, CausalSelfAttention, MLP, Block, GPTConfig, GPT); GPTConfig's other fields are
-modded-nanogpt's options (defaults: GPT-2's), and the file ends with what they add: the attention kinds besides
-GPT-2's causal one (GPT.attention picks one per forward, by name), rotary embeddings and generation's KV cache.
+modded-nanogpt's options (defaults: GPT-2's), and the file ends with what they add: value embeddings and rotary
+embeddings.
 
 References:
 1) the official GPT-2 TensorFlow implementation released by OpenAI:
@@ -13,17 +14,16 @@ https://github.com/openai/gpt-2/blob/master/src/model.py
 https://github.com/huggingface/transformers/blob/main/src/transformers/models/gpt2/modeling_gpt2.py
 """
 
-import functools
 import inspect
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from attention import CAUSAL, KVCache, attend, choose_attention, flash_varlen_attn, flex_attention
 from chunked_loss import chunked_cross_entropy
 
 class LayerNorm(nn.Module):
@@ -40,16 +40,6 @@ class LayerNorm(nn.Module):
         if self.rms:
             return F.rms_norm(input, input.shape[-1:], self.weight, None if self.weight is None else 1e-5)
         return F.layer_norm(input, input.shape[-1:], self.weight, self.bias, 1e-5)
-
-class Attention(NamedTuple):
-    """The attention every layer runs in one forward, chosen once by GPT.attention, and what that kind needs."""
-    kind: str # 'causal' (GPT-2's), 'masked', 'window' (blocked_attention), 'varlen' (document_attention), 'cache'
-    mask: torch.Tensor = None # additive: masked (B, 1, T, T); window (B, n_blocks, 1, w, 2w); cache (B or 1, 1, T, keys)
-    documents: tuple = () # varlen: (FlashAttention's kernel, its dtype, cu_seqlens, longest: document_segments')
-    window: int = 0 # varlen: the sliding window (0: none)
-    offset: int = 0 # cache: the position of the first new token
-
-CAUSAL = Attention('causal')
 
 class CausalSelfAttention(nn.Module):
 
@@ -88,30 +78,11 @@ class CausalSelfAttention(nn.Module):
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if rotary is not None: # pos_emb='rope': positions enter as rotations of q and k, GPT.forward's (cos, sin)
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        y = self.attend(q, k, v, attention, cache)
+        y = attend(q, k, v, attention, cache, self.attn_dropout.p if self.training else 0) # dropout in the kernels
         y = y.transpose(1, 2).contiguous().view(B, T, C) # re-assemble all head outputs side by side
         # output projection
         y = self.resid_dropout(self.c_proj(y))
         return y, v1
-
-    def attend(self, q, k, v, attention, cache):
-        """The attention of q, k, v (B, nh, T, hs) of the kind `attention` names."""
-        dropout_p = self.attn_dropout.p if self.training else 0 # applied by the attention kernels
-        kind = attention.kind
-        if kind == 'causal': # flash attention where the hardware has it, never a (T, T) matrix there
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-        if kind == 'window':
-            return blocked_attention(q, k, v, attention.mask, dropout_p)
-        if kind == 'varlen':
-            return document_attention(q, k, v, *attention.documents, attention.window)
-        if kind == 'cache': # the new positions join the cached ones, then attend to all of them under the mask
-            keys, values = cache
-            end = attention.offset + q.size(2)
-            keys[:, :, attention.offset:end], values[:, :, attention.offset:end] = k, v
-            k, v = keys[:, :, :end], values[:, :, :end]
-        if kind in ('masked', 'cache'):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attention.mask, dropout_p=dropout_p)
-        raise ValueError(f"unknown attention kind {kind!r}")
 
 class MLP(nn.Module):
 
@@ -194,14 +165,15 @@ class GPTConfig:
 
 class GPT(nn.Module):
 
-    def __init__(self, config, *, activation_checkpointing=False, loss_fn=None, flash_kernel=None,
+    def __init__(self, config, *, activation_checkpointing=False, loss_fn=None, flash_kernel=None, flex_kernel=None,
                  loss_chunk_mib=None):
         """Run-time choices, not GPTConfig fields, so checkpoints' model_args stay nanoGPT's. activation_checkpointing:
         each block recomputed in backward, for the activation memory of all but one block. loss_fn(hidden, weight,
         targets, *, ignore_index, reduction[, softcap][, chunk_bytes]): None is chunked_cross_entropy; loss_chunk_mib
         (None: its default) becomes its chunk_bytes, the memory one chunk may take. flash_kernel: FlashAttention's
         variable-length kernel (varlen_kernel) for attn_window and doc_token: None where it runs, True also on a CPU
-        (estimate_memory.py traces a CUDA run there), False never."""
+        (estimate_memory.py traces a CUDA run there), False never. flex_kernel: FlexAttention (flex_kernel_options)
+        for windows in blocks (attn_window_block) likewise; its kernel_options are the attribute flex_options."""
         super().__init__()
         assert config.vocab_size is not None
         assert config.block_size is not None
@@ -209,6 +181,8 @@ class GPT(nn.Module):
         self.activation_checkpointing = activation_checkpointing
         self.loss_fn = chunked_cross_entropy if loss_fn is None else loss_fn
         self.flash_kernel = flash_kernel
+        self.flex_kernel = flex_kernel
+        self.flex_options = {} # FlexAttention's kernel_options ({}: torch's; training.step picks them for the GPU)
         self.loss_options = {} if loss_chunk_mib is None else {'chunk_bytes': int(loss_chunk_mib * 2 ** 20)}
 
         self.transformer = nn.ModuleDict(dict(
@@ -327,47 +301,9 @@ class GPT(nn.Module):
         return logits, None
 
     def attention(self, idx, pos, cache, window):
-        """The Attention every layer runs in this forward, chosen once from what causality, the sliding `window`
-        (forward's attn_window), doc_token, the cache and padding (pos: forward's positions) let each position see."""
-        doc_token = self.config.doc_token
-        b, t = idx.size()
-        padded = pos.dim() == 2 # forward's positions: per row, with padding (in a mask of every query and key)
-        if cache is None and doc_token < 0 and not (window and t > window) and not padded:
-            return CAUSAL # nothing but causality restricts attention here
-        block = self.config.attn_window_block # a window in blocks: FlashAttention's is by position, the masks here
-        by_position = not (block and window and t > window)
-        kernel = self.varlen_kernel(idx) if cache is None and not padded and by_position else None
-        if kernel is not None: # in the dtype varlen_kernel chose it for: value_residual's fp32 lambda makes v fp32
-            documents = (kernel, self.compute_dtype(idx.device.type), *document_segments(idx, doc_token))
-            return Attention('varlen', documents=documents, window=window)
-        doc = None
-        if doc_token >= 0: # a document's id: how many doc_tokens up to and including the position
-            doc = ((idx == doc_token) & (pos >= 0)).cumsum(1) # padding is in no document's count
-            if cache is not None:
-                if cache.length:
-                    doc = doc + cache.docs[:, cache.length - 1:cache.length]
-                cache.docs[:, cache.length:cache.length + t] = doc
-        if cache is not None or not window or padded: # a mask of every query against every key: the cached ones too
-            keys, k_doc = pos, doc
-            if cache is not None:
-                keys = torch.arange(cache.length + t, device=idx.device)
-                k_doc = None if doc is None else cache.docs[:, :cache.length + t]
-            mask = local_attention_mask(pos, keys, window, doc, k_doc, block).unsqueeze(-3) # (B or 1, 1, t, keys)
-            if padded: # a padding query attends to itself alone: no row of the mask empty (SDPA's NaN)
-                mask = mask | torch.eye(t, dtype=torch.bool, device=idx.device)
-            mask = additive_mask(mask, self.compute_dtype(idx.device.type))
-            return Attention('masked', mask=mask) if cache is None else Attention('cache', mask, offset=cache.length)
-        n = -(-t // window) # blocks of `window` queries, the last one padded; each sees its block and the one before
-        q_pos = torch.arange(n * window, device=idx.device).view(n, window)
-        k_pos = torch.arange(-window, (n + 1) * window, device=idx.device).unfold(0, 2 * window, window)[:n]
-        q_doc = k_doc = None
-        if doc is not None: # padding positions get document -1, which no real position has
-            framed = F.pad(doc, (window, n * window - t + window), value=-1)
-            q_doc = framed[:, window:(n + 1) * window].view(b, n, window)
-            k_doc = framed.unfold(1, 2 * window, window)[:, :n]
-        mask = local_attention_mask(q_pos, k_pos, window, q_doc, k_doc, block) # in blocks: none over window - 1 back
-        mask = additive_mask(mask, self.compute_dtype(idx.device.type))
-        return Attention('window', mask=mask.expand(b, n, window, 2 * window).unsqueeze(2).contiguous())
+        """attention.choose_attention's Attention for this forward, with the kernels that run here."""
+        return choose_attention(self.config, idx, pos, cache, window, self.compute_dtype(idx.device.type),
+                                self.varlen_kernel(idx), self.flex_kernel_options(idx))
 
     def compute_dtype(self, device_type):
         """The dtype the matrix products of a forward on `device_type` run in: autocast's, else the weights'."""
@@ -385,6 +321,20 @@ class GPT(nn.Module):
         dropout = self.training and self.config.dropout > 0
         runs = on_cuda and dtype in (torch.bfloat16, torch.float16) and heads_fit and not dropout
         return flash_varlen_attn() if runs else None
+
+    def flex_kernel_options(self, idx):
+        """flex_options where FlexAttention runs windows in blocks (flex_runs), else None."""
+        dropout = self.training and self.config.dropout > 0 # FlexAttention has none
+        return self.flex_options if self.flex_runs(idx.device) and not dropout else None
+
+    def flex_runs(self, device):
+        """Whether FlexAttention runs this model's windows in blocks on `device` (flex_kernel None: on CUDA, with a
+        torch that has it): its tiles need blocks of a multiple of 128 positions and heads of a power of 2 from 16."""
+        head_size = self.config.n_embd // self.config.n_head
+        block = self.config.attn_window_block
+        fits = block > 0 and block % 128 == 0 and head_size >= 16 and head_size & (head_size - 1) == 0
+        on_cuda = self.flex_kernel if self.flex_kernel is not None else device.type == 'cuda'
+        return fits and on_cuda and flex_attention is not None
 
     def crop_block_size(self, block_size):
         # model surgery to decrease the block size if necessary
@@ -530,7 +480,7 @@ class GPT(nn.Module):
         return idx
 
 # -----------------------------------------------------------------------------
-# What the options add: value-embedding tables, the attention kinds besides GPT-2's, rotary embeddings, the KV cache
+# What the options add: value-embedding tables, rotary embeddings
 
 def value_embed_table(config, layer):
     """The value_embeds table that block `layer` uses, or None: in the U-net pattern, table i serves block i and its
@@ -539,73 +489,6 @@ def value_embed_table(config, layer):
     if layer < k or layer >= config.n_layer - k:
         return layer if layer < k else layer - (config.n_layer - k)
     return None
-
-def local_attention_mask(q_pos, k_pos, window, q_doc=None, k_doc=None, block=0):
-    """(..., Tq, Tk) bool, True where a query may attend to a key: a key at a position from 0 up to the query's,
-    fewer than `window` back (0: any), and of the same document (with the documents' ids q_doc, k_doc). block > 0
-    (attn_window_block): `window` counts blocks of `block` positions from 0, FlexAttention's block masks: a key in
-    one of the window // block blocks up to the query's, every such key up to the query in its document."""
-    q_pos, k_pos = q_pos[..., :, None], k_pos[..., None, :]
-    mask = (k_pos >= 0) & (k_pos <= q_pos)
-    if window: # each side compared as it is, not their (Tq, Tk) difference: no int64 matrix beside the mask
-        near = k_pos // block > q_pos // block - window // block if block else k_pos > q_pos - window
-        mask = mask & near
-    if q_doc is not None:
-        mask = mask & (q_doc[..., :, None] == k_doc[..., None, :])
-    return mask
-
-def additive_mask(mask, dtype):
-    """A bool mask (True: attend) as the float mask SDPA adds to its scores, 0 or -inf in `dtype`, made once a
-    forward: given the bool mask, SDPA converts it in every layer and keeps each layer's copy for backward."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float('-inf'))
-
-def blocked_attention(q, k, v, mask, dropout_p):
-    """Sliding-window attention in blocks: the queries of each block of w positions (w = attn_window) against the
-    keys of their block and of the block before, under `mask` (B, n_blocks, 1, w, 2w): memory and compute grow as
-    T * w, not T**2. q, k, v (B, nh, T, hs); T is padded to whole blocks, and one block of keys goes in front."""
-    B, nh, T, hs = q.shape
-    n, w = mask.size(1), mask.size(-2)
-    pad = n * w - T
-    q = F.pad(q, (0, 0, 0, pad)).view(B, nh, n, w, hs)
-    k, v = (F.pad(t, (0, 0, w, pad)) for t in (k, v))
-    k, v = (torch.cat((t[:, :, :-w].view(B, nh, n, w, hs), t[:, :, w:].view(B, nh, n, w, hs)), dim=3) for t in (k, v))
-    # each block a batch entry of attention's 4-D kernels: (B * n, nh, w or 2w, hs)
-    q, k, v = (t.transpose(1, 2).reshape(B * n, nh, -1, hs) for t in (q, k, v))
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.view(B * n, 1, w, 2 * w), dropout_p=dropout_p)
-    return y.view(B, n, nh, w, hs).transpose(1, 2).reshape(B, nh, n * w, hs)[:, :, :T]
-
-# torch._disable_dynamo is torch.compiler.disable that imports torch's compiler at the first call, not with model.py
-@torch._disable_dynamo
-@functools.cache
-def flash_varlen_attn():
-    """torch's FlashAttention over variable-length sequences (CUDA only), attn_window and doc_token's kernel, if this
-    torch has it with a sliding window (2.12+), else None. Imported when first asked: its module loads the compiler."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn if 'window_size' in inspect.signature(varlen_attn).parameters else None
-
-@torch._disable_dynamo # the number of documents depends on the tokens: computed eagerly, outside a compiled graph
-def document_segments(idx, doc_token):
-    """(cu_seqlens, longest): the offsets of the documents of idx (B, T) flattened, each row starting one and each
-    doc_token (if >= 0) another, and the longest one's length, as varlen_attn takes them."""
-    b, t = idx.shape
-    starts = torch.zeros(b, t, dtype=torch.bool, device=idx.device)
-    starts[:, 0] = True
-    if doc_token >= 0:
-        starts |= idx == doc_token
-    cu_seqlens = F.pad(starts.view(-1).nonzero().view(-1), (0, 1), value=b * t).to(torch.int32)
-    return cu_seqlens, int(cu_seqlens.diff().max())
-
-def document_attention(q, k, v, varlen_attn, dtype, cu_seqlens, longest, window):
-    """Causal attention within each document, over at most `window` positions (0: all), with FlashAttention's
-    variable-length kernel varlen_attn in `dtype` (GPT.compute_dtype's): only what blocked_attention's mask keeps.
-    q, k, v (B, nh, T, hs), which autocast leaves in fp32 after qk_norm's RMSNorm or value_residual's fp32 lambda."""
-    B, nh, T, hs = q.shape
-    q, k, v = (t.transpose(1, 2).reshape(B * T, nh, hs).to(dtype) for t in (q, k, v)) # as SDPA casts them
-    y = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, window_size=(window - 1 if window else -1, 0))
-    return y.view(B, T, nh, hs).transpose(1, 2)
 
 def rotary_cos_sin(pos, head_size, truncated=False, base=10000.0):
     """The rotary embedding's (cos, sin) for positions `pos` (..., t): each (..., t, head_size / 2), a head's pair i
@@ -627,16 +510,3 @@ def apply_rotary(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
-
-class KVCache:
-    """The keys and values of every layer for the positions run so far, so that generation feeds the model only its
-    new tokens. Static, as gpt-fast's: max_len positions; GPT.forward(idx, cache=...) writes at length, advances it."""
-
-    def __init__(self, config, batch_size, max_len, device, dtype):
-        shape = (batch_size, config.n_head, max_len, config.n_embd // config.n_head)
-        self.layers = [(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype))
-                       for _ in range(config.n_layer)]
-        # doc_token: the document of each position, for the masks of the positions that follow
-        self.docs = torch.zeros(batch_size, max_len, dtype=torch.long, device=device) if config.doc_token >= 0 else None
-        self.max_len = max_len
-        self.length = 0 # positions filled

@@ -129,6 +129,8 @@ attn_window_warmup_iters = 0 # > 0: the window grows from attn_window_warmup_sta
 attn_window_warmup_start = 64 # the window's first size, and its step as it grows (modded-nanogpt: 64 up to 1,792)
 attn_window_warmup_end = 0 # the window the warmup's line aims at (0: attn_window), capped at attn_window
 attn_window_block = 0 # > 0: the window in whole blocks of this many positions, FlexAttention's block masks (128)
+attention_kernel = 'auto' # how windows in blocks run: 'flex' (FlexAttention, CUDA only), 'masked' (SDPA under a mask),
+                          # or 'auto': flex on CUDA where its kernels compile, else masked (docs/record.md)
 doc_token = -1 # >= 0: a document starts at each of these tokens (GPT-2's <|endoftext|>: 50256); attention stays in one
 activation_checkpointing = False # recompute each block in backward: much less activation memory, one more forward
 autocast_cache = False # keep autocast's low-precision copy of every weight through each forward (torch's default)

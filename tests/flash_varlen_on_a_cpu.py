@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-import model as model_lib
+import attention
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)  # the CUDA kernel's: "FlashAttention only support fp16 and bf16"
 FULL_PRECISION_DTYPES = (*FLASH_DTYPES, torch.float32, torch.float64)
@@ -119,9 +119,9 @@ def backward(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, m
 
 @functools.cache
 def varlen_attn():
-    """model.flash_varlen_attn(), torch's varlen_attn, with its operators' CPU kernels registered (once a process);
+    """attention.flash_varlen_attn(), torch's varlen_attn, with its operators' CPU kernels registered (once a process);
     None where this torch has no varlen_attn with a sliding window."""
-    kernel = model_lib.flash_varlen_attn()
+    kernel = attention.flash_varlen_attn()
     if kernel is not None:
         from torch.nn.attention import varlen
         varlen._varlen_attn.register_kernel('cpu')(forward)

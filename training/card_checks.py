@@ -16,7 +16,7 @@ import statistics
 
 import torch
 
-import model as model_lib
+import attention
 from training import step
 from training.optim import build_optimizer
 from training.schedule import scheduled_window
@@ -142,7 +142,7 @@ def check_compiled(config, model_args, device, device_type):
 def kernel_registered_on_cpu():
     """Whether FlashAttention's variable-length kernel has CPU kernels registered for its operator (the tests' stand-in,
     flash_varlen_on_a_cpu.py): a bare CPU has none, as the kernel is CUDA only."""
-    if model_lib.flash_varlen_attn() is None:
+    if attention.flash_varlen_attn() is None:
         return False
     from torch.nn.attention import varlen
     return torch._C._dispatch_has_kernel_for_dispatch_key(varlen._varlen_attn._qualname, 'CPU')

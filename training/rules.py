@@ -5,7 +5,7 @@ import dataclasses
 import os
 
 from model import GPT2_VOCAB_SIZE, GPTConfig
-from training import hf, optim, parallel
+from training import hf, optim, parallel, step
 from training.device import DTYPES
 from training.checkpoint import LOAD_CHOICES
 from training.errors import ConfigError, first_line
@@ -27,7 +27,8 @@ AT_LEAST_ZERO = ('max_iters', 'lr_decay_iters', 'seed')  # 0 means something (on
 CHOICES = {'init_from': ('scratch', *LOAD_CHOICES),
            'optim': optim.OPTIMS, 'weight_dtype': optim.WEIGHT_DTYPES, 'dtype': DTYPES,
            'parallelism': parallel.PARALLELISMS, 'lr_schedule': ('cosine', 'wsd'),
-           'batch_order': ('random', 'sequential'), 'muon_momentum_form': optim.MUON_MOMENTUM_FORMS, **MODERN_CHOICES}
+           'batch_order': ('random', 'sequential'), 'muon_momentum_form': optim.MUON_MOMENTUM_FORMS,
+           'attention_kernel': tuple(step.ATTENTION_KERNELS), **MODERN_CHOICES}
 
 
 def check_config(config, world_size, device_type):
@@ -50,7 +51,8 @@ def check_config(config, world_size, device_type):
         raise ConfigError(f"hellaswag_examples must be at least 1, or 0 for all; got {config['hellaswag_examples']}")
     if not 0.0 <= config['dropout'] < 1.0:
         raise ConfigError(f"dropout is a probability in [0, 1), got {config['dropout']}: e.g. --dropout=0.1")
-    check_choices(config, ('batch_order', 'muon_momentum_form'))
+    check_choices(config, ('batch_order', 'muon_momentum_form', 'attention_kernel'))
+    check_attention_kernel(config, device_type)
     optim.check_config(config, world_size)  # before the split over processes: optimizer_in_backward's explains it
     check_schedule(config)
     check_window_warmup(config)
@@ -118,6 +120,19 @@ def check_window_warmup(config):
     if block and iters and start % block:
         raise ConfigError(f"attn_window_warmup_start={start} is not a whole number of attn_window_block={block} "
                           f"positions, as every window must be: e.g. --attn_window_warmup_start={block}")
+
+
+def check_attention_kernel(config, device_type):
+    """ConfigError for attention_kernel='flex' where FlexAttention cannot run the windows in blocks."""
+    if config['attention_kernel'] != 'flex':
+        return
+    block = config['attn_window_block']
+    if not block or block % 128:
+        raise ConfigError(f"attention_kernel='flex' runs windows in blocks of a multiple of 128 positions (its tiles), "
+                          f"got attn_window_block={block}: e.g. --attn_window_block=128, or --attention_kernel=auto")
+    if device_type != 'cuda':
+        raise ConfigError(f"attention_kernel='flex' trains in FlexAttention's CUDA kernels: on device="
+                          f"{config['device']!r} use --attention_kernel=auto (the masked attention)")
 
 
 def check_choices(config, keys):

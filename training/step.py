@@ -4,23 +4,27 @@ from contextlib import nullcontext
 
 import torch
 
+from attention import flex_kernel_options, flex_probe
 from model import GPT, GPTConfig
 from training.checkpoint import load_model_state, pretrained_model
 from training.device import TORCH_DTYPES
+from training.errors import ConfigError
 from training.optim import build_optimizer
 from training.parallel import fsdp_param_dtype, shard_model, shard_optimizer_state
 
 NO_SCALER = torch.amp.GradScaler('cpu', enabled=False) # disabled: scale, unscale_ and update do nothing
+# attention_kernel: how windows in blocks run, as GPT's flex_kernel (None: FlexAttention where it runs)
+ATTENTION_KERNELS = {'auto': None, 'flex': True, 'masked': False}
 
 
 def build_model(config, model_args, checkpoint=None, **options):
     """train.py's model for `config`, on the CPU in config's weight_dtype (bf16 weights never exist there in fp32):
     GPT(model_args) from scratch, with `checkpoint`'s weights if given, or the pretrained weights init_from names
     (cropped to model_args' block_size), its loss chunked within loss_chunk_mib. options: GPT's constructor keywords
-    beyond config's (tools: loss_fn, flash_kernel)."""
+    beyond config's (tools: loss_fn, flash_kernel, flex_kernel)."""
     init_from = config['init_from']
-    options = dict(activation_checkpointing=config['activation_checkpointing'],
-                   loss_chunk_mib=config['loss_chunk_mib'], **options) # run-time choices, not in model_args
+    options = {'activation_checkpointing': config['activation_checkpointing'], 'loss_chunk_mib': config['loss_chunk_mib'],
+               'flex_kernel': ATTENTION_KERNELS[config['attention_kernel']], **options} # run-time, not model_args
     if init_from in ('scratch', 'resume'):
         model = GPT(GPTConfig(**model_args), **options)
         if checkpoint is not None:
@@ -42,6 +46,8 @@ def build(config, model_args, device, device_type, checkpoint=None, sharded=Fals
     model = build_model(config, model_args, checkpoint, **options)
     if model.lm_head.weight.device != torch.device(device): # as for the dtype: no to() where it would change nothing
         model.to(device)
+    if torch.device(device).type == 'cuda' and model.flex_runs(torch.device(device)):
+        set_flex_options(model, config, device, torch.cuda.get_device_properties(device))
     if sharded and config['parallelism'] == 'fsdp': # before the optimizer, which must see the shards
         shard_model(model, mesh, param_dtype=fsdp_param_dtype(config)) # in place: the weights split over the ranks
     # AdamW (or the `optim` key's); with optimizer_in_backward, stepped by hooks as backward finishes each gradient
@@ -49,6 +55,29 @@ def build(config, model_args, device, device_type, checkpoint=None, sharded=Fals
     if sharded and config['parallelism'] == 'zero1':
         optimizer = shard_optimizer_state(optimizer) # each rank keeps and steps the AdamW state of its share
     return model, optimizer
+
+
+def set_flex_options(model, config, device, properties):
+    """The FlexAttention kernel_options of model's windows in blocks on a GPU of `properties`: the first of
+    attention.flex_kernel_options' whose probe (a forward and backward on two blocks) runs there. Where none does,
+    attention_kernel='auto' runs the masked attention instead, saying why in a line; 'flex' is a ConfigError."""
+    head_size = model.config.n_embd // model.config.n_head
+    dtype = TORCH_DTYPES[config['dtype'] if config['dtype'] != 'float32' else config['weight_dtype']]
+    failures = []
+    for options in flex_kernel_options(properties, head_size):
+        failure = flex_probe(device, model.config.n_head, head_size, dtype, model.config.attn_window_block, options)
+        if failure is None:
+            model.flex_options = options
+            tiles = ', '.join(f'{key}={value}' for key, value in options.items()) or "torch's own"
+            print(f'attention: FlexAttention for the windows in blocks, kernel options: {tiles}')
+            return
+        failures.append(failure)
+    if model.flex_kernel:
+        raise ConfigError(f"attention_kernel='flex': FlexAttention does not run on this GPU ({failures[0]}): use "
+                          f"--attention_kernel=auto or masked")
+    print(f"attention: FlexAttention does not run on this GPU ({failures[0]}): the windows in blocks run the masked "
+          f"attention (attention_kernel='masked'), slower")
+    model.flex_kernel = False
 
 
 class Prefetcher:

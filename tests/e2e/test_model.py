@@ -1,7 +1,9 @@
-"""model.py in subprocesses and under torch.compile: copied with chunked_loss.py it trains, and compiled it computes
-what eager does, through torch's FlashAttention kernel too (on CPU kernels) without compiling anew for each window; on
-a CUDA GPU (the GPU suite, `-m cuda`), FlashAttention's variable-length kernel computes what the masked attention
-does, on the speedrun preset's model with random weights within the masked attention's own bf16 error."""
+"""model.py in subprocesses and under torch.compile: copied with chunked_loss.py and attention.py it trains, and
+compiled it computes what eager does, through torch's FlashAttention kernel too (on CPU kernels) without compiling
+anew for each window, and FlexAttention's forward in its graph; on a CUDA GPU (the GPU suite, `-m cuda`),
+FlashAttention's variable-length kernel and FlexAttention's kernels (torch's tiles and a consumer card's) compute what
+the masked attention does, on the speedrun preset's model with random weights within the masked attention's own bf16
+error."""
 import contextlib
 import io
 import math
@@ -13,6 +15,7 @@ import sys
 import pytest
 import torch
 
+import attention
 import chunked_loss
 import configurator
 import flash_varlen_on_a_cpu
@@ -65,11 +68,11 @@ def test_softcap_compiled_chunks_match_eager():
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
 
 
-def test_model_py_copied_with_chunked_loss_py_trains(tmp_path):
-    """nanoGPT's habit: copy model.py (and here chunked_loss.py) into another project. They need torch and nothing
-    else of this repository, to train or to generate."""
-    shutil.copy(ROOT / 'model.py', tmp_path)
-    shutil.copy(ROOT / 'chunked_loss.py', tmp_path)
+def test_model_py_copied_with_chunked_loss_py_and_attention_py_trains(tmp_path):
+    """nanoGPT's habit: copy model.py (and here chunked_loss.py and attention.py) into another project. They need torch
+    and nothing else of this repository, to train or to generate."""
+    for name in ('model.py', 'chunked_loss.py', 'attention.py'):
+        shutil.copy(ROOT / name, tmp_path)
     code = ("import torch, model\n"
             "gpt = model.GPT(model.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))\n"
             "optimizer = gpt.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu')\n"
@@ -221,18 +224,20 @@ def test_compiled_flash_varlen_kernel_follows_a_growing_window():
 # soft-capped logits...), scaled down, with every weight random: zero_init_proj's zero head would make the loss ln(V)
 # and every gradient below it zero, whatever attention computes. The kernel under bf16 autocast against the masked
 # attention in fp32 may be off by as much as the masked attention under the same bf16 autocast is, a few times over.
-# the window by position: FlashAttention's (the preset's, in blocks, runs the masked attention)
+# the window by position: FlashAttention's (the preset's, in blocks, runs the masked attention or FlexAttention)
 SPEEDRUN_SCALED_DOWN = ['--n_layer=4', '--n_head=4', '--n_embd=256', '--block_size=512', '--attn_window=16',
                         '--attn_window_block=0', '--doc_token=3', '--init_from=scratch', '--hellaswag=False']
-def speedrun_model(device, flash_kernel):
+# the preset's window in blocks of 128, two of them: FlexAttention's
+IN_BLOCKS = ['--attn_window=256', '--attn_window_block=128']
+def speedrun_model(device, flash_kernel=False, flex_kernel=False, keys=()):
     """The scaled-down speedrun preset's GPT on `device` (vocabulary 512), its weights random: matrices at
-    1/sqrt(fan-in), the lambdas and gains their initial values moved by N(0, 0.1)."""
+    1/sqrt(fan-in), the lambdas and gains their initial values moved by N(0, 0.1). keys: more train.py keys."""
     with contextlib.redirect_stdout(io.StringIO()):
         config = configurator.load_config(configurator.train_keys(), [str(ROOT / 'config' / 'speedrun_gpt2_12gb.py'),
-                                                                      *SPEEDRUN_SCALED_DOWN])
+                                                                      *SPEEDRUN_SCALED_DOWN, *keys])
         model_args, _ = rules.model_args(at_depth(config), 512) # the record's value tables and layers at 4 blocks
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**model_args), flash_kernel=flash_kernel)
+    model = GPT(GPTConfig(**model_args), flash_kernel=flash_kernel, flex_kernel=flex_kernel)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * p.size(-1) ** -0.5 if p.dim() >= 2 else p + 0.1 * torch.randn_like(p))
@@ -280,3 +285,60 @@ def test_a_window_one_key_too_wide_is_beyond_bf16_noise(flash_kernel, monkeypatc
                         window_mask(n_q, n_k, max_k, is_causal, left + 1 if left >= 0 else left, right))
     with pytest.raises(AssertionError):
         assert_kernel_within_bf16_noise('cpu', True)
+
+
+def assert_flex_within_bf16_noise(device, kernel_options, compiled=False):
+    """FlexAttention's kernel (kernel_options; compiled: in the compiled model's graph) under bf16 autocast against
+    the masked attention in fp32, within the card's tolerance of the masked attention's own bf16 error; the model
+    scaled down with the preset's windows in blocks of 128."""
+    model = speedrun_model(device, flex_kernel=True, keys=IN_BLOCKS)
+    model.flex_options = kernel_options
+    x, y = (tokens_with_documents((2, 512), seed, every=97).to(device) for seed in (1, 2))
+    with torch.autocast(device, dtype=torch.bfloat16):
+        assert model.attention(x, torch.arange(512, device=device), None, 256).kind == 'flex'
+        kernel = loss_and_gradients(torch.compile(model) if compiled else model, x, y, attn_window=256)
+    torch._dynamo.reset()
+    model.flex_kernel = False  # the same weights through blocked_attention
+    reference = loss_and_gradients(model, x, y, attn_window=256)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        noisy = loss_and_gradients(model, x, y, attn_window=256)
+    verdict = card_checks.compare(named(kernel), named(reference), named(noisy), named(reference))
+    assert verdict['passed'], verdict
+
+
+CUDA = torch.cuda.is_available()
+RTX_3060_SHARED_MEMORY = 101376  # a thread block's, opted in: what an RTX 30 or 40 series card gives FlexAttention
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason='needs a CUDA GPU (FlexAttention trains on CUDA only)')
+@pytest.mark.parametrize('tiles', ["torch's", 'a consumer card\'s'])
+@pytest.mark.parametrize('compiled', [False, True], ids=['flex compiled alone', 'in the compiled model'])
+def test_flex_kernel_computes_the_speedrun_models_masked_attention_within_bf16_noise(tiles, compiled):
+    """On this GPU with torch's own tiles, and with the tiles an RTX 3060 gets (attention.flex_kernel_options)."""
+    options = {}
+    if tiles != "torch's":
+        properties = torch.cuda.get_device_properties()
+        consumer = type('Properties', (), dict(shared_memory_per_block_optin=RTX_3060_SHARED_MEMORY))
+        options = attention.flex_kernel_options(consumer, 256 // 4)[0]
+        assert options and properties.shared_memory_per_block_optin >= RTX_3060_SHARED_MEMORY
+    assert_flex_within_bf16_noise('cuda', options, compiled)
+
+
+def test_compiled_flex_forward_on_a_cpu_is_the_masked_forward():
+    """FlexAttention's forward in the compiled model's graph (Inductor's CPU kernel, which takes whole blocks; a CPU
+    has no backward for it): the masked attention's loss, in fp32, with documents and windows in blocks of 128, the
+    window changed without compiling the graph again."""
+    model = speedrun_model('cpu', flex_kernel=True, keys=IN_BLOCKS).eval()
+    x, y = (tokens_with_documents((2, 512), seed, every=97) for seed in (1, 2))
+    compiled = torch.compile(model)
+    with torch.no_grad():
+        assert model.attention(x, torch.arange(512), None, 256).kind == 'flex'
+        compiled(x, y, attn_window=384)
+        compiled(x, y, attn_window=128)  # a second window compiles once more, the window's number dynamic from then on
+        with torch.compiler.set_stance('fail_on_recompile'):
+            _, flex = compiled(x, y, attn_window=256)
+        torch._dynamo.reset()
+        model.flex_kernel = False
+        _, masked = model(x, y, attn_window=256)
+    assert flex.item() == pytest.approx(masked.item(), rel=1e-5)

@@ -44,9 +44,13 @@ def scaled_down(config):
 
 # each preset as it is; the speedrun preset also with its window by position, the path of FlashAttention's kernel
 # (a window in blocks runs the masked attention), and the 24 Nov 2024 record's value residual, whose fp32 lambda made
-# the values fp32 under autocast: the kernel got them so and crashed on every GPU
+# the values fp32 under autocast: the kernel got them so and crashed on every GPU; and with its windows in blocks of
+# 128, FlexAttention's path on CUDA
+FLEX_SCALE = ('--block_size=384', '--batch_size=1', '--eval_batch_size=1', '--attn_window=256',
+              '--attn_window_block=128', '--attn_window_warmup_start=128')
 CASES = [(path, ()) for path in preset_paths(ROOT / 'config')] + \
-        [(str(ROOT / 'config' / 'speedrun_gpt2_12gb.py'), ('--attn_window_block=0', '--value_residual=True'))]
+        [(str(ROOT / 'config' / 'speedrun_gpt2_12gb.py'), ('--attn_window_block=0', '--value_residual=True')),
+         (str(ROOT / 'config' / 'speedrun_gpt2_8gb.py'), FLEX_SCALE)]
 
 
 @pytest.mark.parametrize('path, extra', CASES, ids=lambda case: case.rsplit('/', 1)[-1][:-3] if isinstance(case, str)
@@ -54,7 +58,7 @@ CASES = [(path, ()) for path in preset_paths(ROOT / 'config')] + \
 def test_card_preset_trains_under_bf16_autocast_on_the_cuda_kernels_stand_ins(tmp_path, path, extra):
     config = preset_config(path)
     write_char_dataset(tmp_path / 'data')
-    env = patched_env('counted_flash_kernel', 'optimizers_as_on_cuda')
+    env = patched_env('counted_flash_kernel', 'flex_as_on_cuda', 'optimizers_as_on_cuda')
     result = run_script('train.py', path, *SCALED_DOWN, *scaled_down(config), *extra, *AS_ON_A_GPU,
                         f'--data_dir={tmp_path / "data"}', f'--out_dir={tmp_path / "out"}', env=env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -66,3 +70,5 @@ def test_card_preset_trains_under_bf16_autocast_on_the_cuda_kernels_stand_ins(tm
     kernel_calls = int(result.stderr.rsplit('flash kernel calls: ', 1)[1].split()[0])
     by_position = not config['attn_window_block'] or '--attn_window_block=0' in extra  # FlashAttention's windows
     assert (kernel_calls > 0) == ((config['doc_token'] >= 0 or config['attn_window'] > 0) and by_position)
+    flex_calls = int(result.stderr.rsplit('flex kernel calls: ', 1)[1].split()[0])
+    assert (flex_calls > 0) == (extra == FLEX_SCALE)  # blocks of 128 (at the CPU's scale, 4: the masked attention)

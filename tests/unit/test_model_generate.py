@@ -5,7 +5,7 @@ import torch
 
 import model as model_lib
 from helpers import tiny_gpt
-from model import KVCache
+from attention import KVCache
 
 
 BLOCK_SIZE = 16

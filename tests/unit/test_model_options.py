@@ -14,8 +14,8 @@ import flash_varlen_on_a_cpu
 import model as model_lib
 from chunked_loss import chunked_cross_entropy
 from helpers import ROOT, loss_and_gradients, loss_budgets, softcap_inputs, tokens_with_documents
-from model import (GPT, Attention, GPTConfig, KVCache, LayerNorm, apply_rotary, local_attention_mask, rotary_cos_sin,
-                   value_embed_table)
+from attention import Attention, KVCache, blocked_attention, local_attention_mask
+from model import GPT, GPTConfig, LayerNorm, apply_rotary, rotary_cos_sin, value_embed_table
 
 
 # modded-nanogpt's later records: value embeddings, U-net skip connections, the embedding shortcut
@@ -309,9 +309,9 @@ def test_every_layer_runs_the_attention_its_forward_chose_by_name(monkeypatch, f
     """GPT.attention picks one kind a forward, from the config, the call's attn_window, the kernel and the cache, and
     every layer's attention runs that kind; a kind it does not know is an error."""
     kinds = []
-    attend = model_lib.CausalSelfAttention.attend
-    monkeypatch.setattr(model_lib.CausalSelfAttention, 'attend', lambda self, q, k, v, attention, cache:
-                        kinds.append(attention.kind) or attend(self, q, k, v, attention, cache))
+    attend = model_lib.attend
+    monkeypatch.setattr(model_lib, 'attend', lambda q, k, v, attention, cache, dropout_p:
+                        kinds.append(attention.kind) or attend(q, k, v, attention, cache, dropout_p))
     x = tokens_with_documents((2, 16), 1)
 
     def run(config, forward_args={}, **options):
@@ -618,5 +618,5 @@ def test_a_window_in_blocks_sees_whole_blocks_up_to_the_querys_own():
     y = torch.randn(2, 2, 32, 8, dtype=torch.float64)
     docs = (x == 3).cumsum(1)
     dense = local_attention_mask(torch.arange(32), torch.arange(32), 8, docs, docs, block=4).unsqueeze(1)
-    torch.testing.assert_close(model_lib.blocked_attention(y, y, y, attention.mask.double(), 0.0),  # as SDPA's q
+    torch.testing.assert_close(blocked_attention(y, y, y, attention.mask.double(), 0.0),  # as SDPA's q
                                F.scaled_dot_product_attention(y, y, y, attn_mask=dense))

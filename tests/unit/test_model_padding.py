@@ -7,7 +7,7 @@ import torch
 
 import flash_varlen_on_a_cpu
 from helpers import tiny_gpt, tokens_with_documents
-from model import KVCache
+from attention import KVCache
 
 # the speedrun record's architecture, every option that sees positions or tokens: rotary positions, a window shorter
 # than the rows (blocked_attention alone), documents at token 3, the value tables, skips, shortcut, soft-cap

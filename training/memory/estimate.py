@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-import model as model_module
+import attention as attention_module
 from chunked_loss import chunked_cross_entropy, naive_cross_entropy
 from training import optim, rules, step
 from training.checkpoint import load_checkpoint
@@ -109,7 +109,7 @@ def build(config, device='cpu', device_type='cuda', mesh=None, **options):
 
 
 def rows_as_documents(idx, doc_token):
-    """model.document_segments for a trace: one document a row (the trace's tokens are random, its tensors fake: the
+    """attention.document_segments for a trace: one document a row (the trace's tokens are random, its tensors fake: the
     kernel keeps the same tensors for any number of documents)."""
     b, t = idx.shape
     return torch.arange(0, b * t + 1, t, dtype=torch.int32, device=idx.device), t
@@ -123,6 +123,19 @@ def attention_as_on_cuda(q, k, v, attn_mask=None, dropout_p=0.0, **kwargs):
     no T x T matrix; CPU's SDPA falls back to the math kernel for dropout, which would, so the trace runs attention
     without dropout."""
     return SCALED_DOT_PRODUCT_ATTENTION(q, k, v, attn_mask=attn_mask, **kwargs)
+
+
+def keep_score(score, batch, head, q_idx, kv_idx):
+    """FlexAttention's score_mod that changes nothing (the model's attention has none)."""
+    return score
+
+
+def flex_attention_as_on_cuda(q, k, v, block_mask, kernel_options):
+    """attention.compiled_flex_attention()'s FlexAttention for a trace: its operator, whose fake tensors keep what
+    the CUDA kernel keeps (the output, a logsumexp; no scores): torch's flex_attention refuses a training step on a
+    CPU before reaching it."""
+    from torch._higher_order_ops.flex_attention import flex_attention as flex_operator
+    return flex_operator(q, k, v, keep_score, block_mask.as_tuple(), q.size(-1) ** -0.5, kernel_options)[0]
 
 
 def autocast(device_type, config):
@@ -220,11 +233,15 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
              f"{', step in backward' if config['optimizer_in_backward'] else ''}")
     tracer = MemoryTracer(alignment)
     with (sharded_rank(config) as mesh, FakeTensorMode(), tracer, optim.representative_updates_only(),
-          mock.patch.object(model_module, 'document_segments', rows_as_documents),
+          mock.patch.object(attention_module, 'document_segments', rows_as_documents),
+          mock.patch.object(attention_module, 'compiled_flex_attention', lambda: flex_attention_as_on_cuda),
           mock.patch.object(torch.nn.functional, 'scaled_dot_product_attention', attention_as_on_cuda)):
-        # attn_window and doc_token run in FlashAttention's kernel on CUDA (GPT.varlen_kernel), which a fake tensor on
-        # the CPU traces: its kept tensors, not the masked blocks a CPU computes
-        model, optimizer = build(config, 'cpu', device_type, mesh, flash_kernel=device_type == 'cuda',
+        # attn_window and doc_token run in FlashAttention's kernel on CUDA (GPT.varlen_kernel), windows in blocks in
+        # FlexAttention's (unless attention_kernel='masked'), which a fake tensor on the CPU traces: their kept
+        # tensors, not the masked blocks a CPU computes
+        on_cuda = device_type == 'cuda'
+        model, optimizer = build(config, 'cpu', device_type, mesh, flash_kernel=on_cuda,
+                                 flex_kernel=on_cuda and config['attention_kernel'] != 'masked',
                                  loss_fn=tracer.traced_loss(LOSS_FUNCTIONS[loss]))
         tracer.watch(model, local_optimizer(optimizer))
         if config['world_size'] > 1 and config['parallelism'] != 'fsdp':

@@ -35,6 +35,7 @@ class MemoryTracer(TorchDispatchMode):
     """Counts the live tensor storages after every op (each storage once, aligned, until its last reference dies):
     the running total, its peak, and the peak's parts by where each allocation was made (forward, loss, autocast's
     weight copies, temporaries; parameters, gradients and optimizer state by identity)."""
+    supports_higher_order_operators = True # FlexAttention's operators: their outputs counted as any op's
 
     def __init__(self, alignment=CUDA_ALIGNMENT, existing=()):
         """existing: tensors made before tracing (a benchmark's inputs): their storages are known and count 0 bytes,

@@ -110,6 +110,19 @@ def test_windowed_documents_trace_cudas_flash_kernel_not_the_cpus_masked_blocks(
     assert cuda['activations'] < cpu['activations']
 
 
+def test_windows_in_blocks_trace_flexattentions_kernel_unless_masked_is_asked(tiny):
+    """On CUDA windows in blocks run FlexAttention's kernel, which keeps its output and a logsumexp, not the masked
+    attention's (w, 2w) additive mask and padded blocks; attention_kernel='masked' traces those."""
+    windowed = {**tiny, 'dtype': 'bfloat16', 'pos_emb': 'rope', 'block_size': 384, 'batch_size': 1,
+                'attn_window': 256, 'attn_window_block': 128, 'doc_token': 0}
+    flex, masked = (em.trace({**windowed, 'attention_kernel': kernel}, evaluate=False, warm_start=True)['train']
+                    for kernel in ('auto', 'masked'))
+    def window_masks(trace):  # the masked attention's (w, 2w) scores of a block: its mask among them
+        return [a for a in trace['largest_allocations'] if a['shape'][-2:] == [256, 512]]
+    assert window_masks(masked) and not window_masks(flex)
+    assert flex['breakdown']['activations'] < masked['breakdown']['activations']
+
+
 def test_resume_takes_the_model_from_the_checkpoint(tiny, tmp_path):
     model_args = dict(n_layer=3, n_head=2, n_embd=32, block_size=16, bias=False, vocab_size=100, dropout=0.0)
     save_checkpoint({'model': {}, 'model_args': model_args}, str(tmp_path / 'out'))
