@@ -45,8 +45,8 @@ import configurator
 from training import rules
 from training.checkpoint import checkpoint_path, load_checkpoint, restore_training_state, save_checkpoint
 from training.data import get_encoding, sequential_offsets
-from training.device import (TORCH_DTYPES, check_device, default_backend, default_compile, default_device,
-                             default_dtype, peak_flops)
+from training.device import (TORCH_DTYPES, cap_memory, check_device, default_backend, default_compile,
+                             default_device, default_dtype, peak_flops)
 from training.errors import INTERRUPTED_STATUS, fail, first_line, install_handler, on_error
 from training.hellaswag import cached_val_file, evaluate, read_examples, report_cut_contexts
 from training.memory.advice import cuda_memory_stats, oom_advice
@@ -54,6 +54,7 @@ from training.memory.floor import check_floor, training_floor
 from training.optim import schedule_groups
 from training.paths import check_writable_dir
 from training.parallel import collective_failure, exit_with_launcher, full_state_dicts, set_gradient_sync
+from training.phase_log import PhaseLog
 from training.schedule import attn_window_at, scheduled_lr
 from training.step import Prefetcher, build, train_step
 
@@ -178,6 +179,10 @@ device = default_device() # 'cuda' if there is a GPU, else 'cpu'; examples: 'cpu
 dtype = default_dtype(device) # autocast's: bfloat16 on GPUs that have it, float16 on older ones (with a GradScaler),
                               # float32 off CUDA
 compile = default_compile(device) # use PyTorch 2.0 to compile the model to be faster (Triton kernels: CUDA only)
+memory_cap_gb = 0.0 # CUDA: hold this process to this many GiB, as a card of that size would (its caching allocator's
+                    # limit); bench.py --mode=card runs each preset so on the card it names; 0 = no cap
+phase_log = '' # append a JSON line to this file as each phase begins (build, resume, evaluation, checkpoint, step,
+               # done), with its time and peak memory (training/phase_log.py; bench.py --mode=card reads it); '' = none
 # -----------------------------------------------------------------------------
 config_keys = [k for k,v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 # overrides from command line or config file, on the keys above as configurator reads them (it runs none of them)
@@ -217,6 +222,9 @@ data_path = rules.dataset_path(config)
 if ddp and device_type == 'cuda':
     device = f'cuda:{ddp_local_rank}'
     torch.cuda.set_device(device)
+if memory_cap_gb: # before anything is allocated, so that nothing is ever reserved beyond it
+    cap_memory(device, memory_cap_gb)
+phases = PhaseLog(phase_log if master_process else '', device if device_type == 'cuda' else None)
 if auto_batch_size: # the largest micro-batch that estimate_memory.py finds to fit this card, same tokens per step
     from training.memory.estimate import pick_batch_size # before the process group: its trace makes one of its own
     batch_size, gradient_accumulation_steps = pick_batch_size(dict(config, world_size=ddp_world_size),
@@ -292,6 +300,7 @@ iter_num = 0
 best_val_loss = 1e9
 # model init: model_args first, so they are checked before any weights are built, loaded or downloaded
 checkpoint = None
+phases.enter('resume' if init_from == 'resume' else 'build')
 if init_from == 'scratch':
     print("Initializing a new model from scratch")
     if meta_vocab_size is None:
@@ -448,7 +457,7 @@ def set_sync(last):
 
 def oom_message(e):
     """An out-of-memory error ends the run with what ran out, at what micro-batch, and the next step to take."""
-    stats = cuda_memory_stats(device) if device_type == 'cuda' else None
+    stats = cuda_memory_stats(device, memory_cap_gb) if device_type == 'cuda' else None
     phase, rows = ('training', batch_size) if raw_model.training else ('evaluation', eval_batch_size or batch_size)
     advice = oom_advice(phase, rows, gradient_accumulation_steps * ddp_world_size, ddp_world_size,
                         activation_checkpointing, stats, fixed_memory if stats else 0, optimizer_in_backward)
@@ -464,6 +473,7 @@ while True:
 
     # evaluate the loss on train/val sets and write checkpoints
     if iter_num % eval_interval == 0 or eval_only:
+        phases.enter('evaluation', iter_num)
         rng_states = rng_states_of_all_ranks() # collectives from here on: every rank takes part, the master saves
         losses = estimate_loss(iter_num) # the same on every rank, so every rank takes the same decisions below
         for split, value in losses.items():
@@ -486,6 +496,7 @@ while True:
         if (losses['val'] < best_val_loss or always_save_checkpoint) and not eval_only:
             best_val_loss = losses['val']
             if iter_num > 0:
+                phases.enter('checkpoint', iter_num)
                 # full tensors for the master whatever the parallelism, so any mode and world size can resume
                 model_state, optimizer_state = full_state_dicts(raw_model, optimizer, master_process)
                 if master_process:
@@ -507,6 +518,7 @@ while True:
 
     # forward backward update, with optional gradient accumulation to simulate larger batch size
     # and using the GradScaler if data type is float16 (training/step.py: the step the estimator and benchmarks take)
+    phases.enter('step', iter_num)
     loss_sum, grad_norm = train_step(model, optimizer, batches, gradient_accumulation_steps, ctx, scaler, grad_clip,
                                      window, set_sync if ddp else None)
 
@@ -550,6 +562,7 @@ while True:
     # termination conditions
     if iter_num > max_iters:
         break
+phases.enter('done', iter_num)
 if ddp:
     dist.barrier() # no rank tears its process group down while another still has a collective in flight
 if ddp:

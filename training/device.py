@@ -4,6 +4,7 @@ import torch
 
 from training.errors import ConfigError
 
+GIB = 2 ** 30
 DTYPES = ('float32', 'bfloat16', 'float16')
 TORCH_DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 
@@ -88,3 +89,20 @@ def check_device(device, dtype):
         raise ConfigError('dtype=float16 needs CUDA (its GradScaler is CUDA only): on cpu use --dtype=float32 '
                           'or --dtype=bfloat16')
     return device_type
+
+
+def memory_fraction(cap_bytes, total_bytes):
+    """The fraction of a GPU of total_bytes that leaves its caching allocator cap_bytes (train.py's memory_cap_gb);
+    ConfigError where the cap is more than the GPU has."""
+    if cap_bytes > total_bytes:
+        raise ConfigError(f'memory_cap_gb={cap_bytes / GIB:g} is more than this GPU has ({total_bytes / GIB:.2f} '
+                          f'GiB): use a smaller cap, or 0 for none')
+    return cap_bytes / total_bytes
+
+
+def cap_memory(device, cap_gib):
+    """This process's CUDA caching allocator on `device` held to cap_gib GiB (set_per_process_memory_fraction), as a
+    card of that size would hold it: a larger GPU then runs out of memory where that card would. Called before the
+    first allocation, so that nothing is reserved beyond it."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(memory_fraction(cap_gib * GIB, total), device)

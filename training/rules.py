@@ -44,6 +44,12 @@ def check_config(config, world_size, device_type):
     if config['gpu_headroom_gb'] < 0:
         raise ConfigError(f"gpu_headroom_gb={config['gpu_headroom_gb']} must be 0 or more: the GiB of the card to "
                           f"leave free for other programs, e.g. --gpu_headroom_gb=0.5")
+    if config['memory_cap_gb'] < 0:
+        raise ConfigError(f"memory_cap_gb={config['memory_cap_gb']} must be 0 (no cap) or positive: the GiB of the card "
+                          f"to hold the run to, e.g. --memory_cap_gb=11")
+    if config['memory_cap_gb'] and device_type != 'cuda':
+        raise ConfigError(f"memory_cap_gb caps CUDA's caching allocator: on device={config['device']!r} use "
+                          f"--memory_cap_gb=0")
     if config['loss_chunk_mib'] <= 0:
         raise ConfigError(f"loss_chunk_mib={config['loss_chunk_mib']} must be positive: the MiB one chunk of the loss "
                           f"may take, e.g. --loss_chunk_mib=128 on a tight card")

@@ -10,11 +10,12 @@ import torch
 GIB = 2 ** 30
 
 
-def cuda_memory_stats(device):
-    """Allocated, reserved and peak bytes of `device` now, and its total memory."""
+def cuda_memory_stats(device, cap_gib=0):
+    """Allocated, reserved and peak bytes of `device` now, and its total memory: cap_gib GiB where train.py's
+    memory_cap_gb holds the process to that (the card it stands for)."""
     return dict(allocated=torch.cuda.memory_allocated(device), reserved=torch.cuda.memory_reserved(device),
                 peak=torch.cuda.max_memory_allocated(device),
-                total=torch.cuda.get_device_properties(device).total_memory)
+                total=int(cap_gib * GIB) or torch.cuda.get_device_properties(device).total_memory)
 
 
 def fitting_batch_size(batch_size, fixed, peak, total):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from training.device import PEAK_TFLOPS, check_device, peak_flops
+from training.device import GIB, PEAK_TFLOPS, check_device, memory_fraction, peak_flops
 from training.errors import ConfigError
 
 
@@ -40,3 +40,11 @@ def test_peak_flops_by_device_name(monkeypatch):
     for name in ('NVIDIA GeForce RTX 3060 Laptop GPU', 'Some Future GPU'):
         monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device, name=name: name)
         assert peak_flops('cuda') is None
+
+
+def test_the_memory_cap_is_its_share_of_the_gpu_and_never_more_than_the_gpu():
+    assert memory_fraction(11 * GIB, 140 * GIB) == pytest.approx(11 / 140)
+    assert memory_fraction(80 * GIB, 80 * GIB) == 1.0
+    with pytest.raises(ConfigError, match=r'memory_cap_gb=23 is more than this GPU has \(11.76 GiB\): use a '
+                                          r'smaller cap, or 0 for none'):
+        memory_fraction(23 * GIB, int(11.76 * GIB))

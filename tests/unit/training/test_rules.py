@@ -43,6 +43,8 @@ def config(tmp_path):
     ({'hellaswag_examples': -1}, 'hellaswag_examples must be at least 1, or 0 for all; got -1'),
     ({'gpu_headroom_gb': -0.5}, 'gpu_headroom_gb=-0.5 must be 0 or more'),
     ({'loss_chunk_mib': 0}, 'loss_chunk_mib=0 must be positive'),
+    ({'memory_cap_gb': -1.0}, 'memory_cap_gb=-1.0 must be 0 (no cap) or positive'),
+    ({'memory_cap_gb': 11.0}, "memory_cap_gb caps CUDA's caching allocator: on device='cpu' use --memory_cap_gb=0"),
     ({'learning_rate': -1}, 'learning_rate must be positive, got -1'),
     ({'beta2': 1.5}, 'beta2 is a moment'),
     ({'weight_decay': -1}, 'weight_decay must be 0 or more'),
