@@ -10,11 +10,12 @@ $ python bench.py --count_ops=True --device=cpu  # the operators (GPU kernel lau
 $ python bench.py --mode=loss      # the loss path alone: naive, chunked, torch's, Liger's and CCE's (CUDA), matmul
                                    # floor; with --compile=True (the default on CUDA) each also compiled
 $ python bench.py --mode=sample --device=cpu  # GPT.generate with its KV cache against nanoGPT's, 500 new tokens
-$ python bench.py --mode=card      # this GPU with every card preset that fits it: the checks of its compiler, kernel
-                                   # and bf16 weights, our loss against nanoGPT's on GPT-2 124M, each preset's
-                                   # compile time, peak memory beside the estimate, step and evaluation times, MFU,
-                                   # hours of its run, and train.py's own loop; writes card.md and card.json as it
-                                   # goes (training/card.py; on a CPU, everything scaled down)
+$ python bench.py --mode=card      # this GPU and every card preset: the checks of its compiler, kernels and bf16
+                                   # weights, then train.py on each preset held to the card it names (fits, or FAIL
+                                   # at a phase; its memory beside the estimate, compile and step times, MFU, hours),
+                                   # our loss against nanoGPT's on GPT-2 124M, a profile of two steps; writes card.md
+                                   # and card.json as it goes, and a later run measures only what they lack
+                                   # (training/card.py; on a CPU, everything scaled down)
 
 Keys are overridden as in train.py: config files, then --key=value (python bench.py --help lists them). bench.py
 declares its own keys; train.py's are bench.py's too, with train.py's defaults (none is overridden here): train mode
@@ -41,6 +42,7 @@ import configurator
 from chunked_loss import chunk_rows, chunked_cross_entropy, naive_cross_entropy
 from model import GPTConfig
 from training import card, rules
+from training.card_report import markdown as card_markdown
 from training.optim import warm_up
 from training.step import Prefetcher, build, build_model, train_step
 from training.device import TORCH_DTYPES, check_device, peak_flops
@@ -93,12 +95,14 @@ loss_runs = 5 # timed forward+backward runs per method and N, after a first call
 # sample mode
 max_new_tokens = 500 # generated from a one-token prompt by each generate
 # card mode
-card_presets = '' # the config/*_<N>gb.py presets to run, comma-separated file names; '' = all
-card_seconds = 1800 # after this many seconds the presets not yet run are listed as skipped
-card_preset_seconds = 600 # one preset's limit (its measurements and train.py's loop; the checks' and nanoGPT's
-                          # path's too): a preset still running then is stopped and reported as such, the others kept
-card_steps = 3 # timed steps (and evaluation micro-batches) of each preset, each after an untimed one
-card_report = 'card' # the report's path without its extension: card.md and card.json
+card_presets = '' # the config/*_<N>gb.py presets to measure, comma-separated file names (.py or not); '' = all
+card_seconds = 1800 # the card ends after this many seconds: the part then running is stopped, those not started are
+                    # left to a later run with the same card_report
+card_preset_seconds = 600 # one part's limit (a preset's two train.py runs; the checks, nanoGPT's path, the profile):
+                          # a part still running then is stopped and says so, and a later run tries it again
+card_steps = 3 # each preset's timed training steps, after its first (compiling) one
+card_report = 'card' # the report's path without its extension (card.md, card.json); an existing report of this GPU
+                     # and torch is continued: only what it lacks, or what changed since, is measured
 # -----------------------------------------------------------------------------
 # then train.py's keys, with train.py's defaults, so that its presets and model and optimizer keys apply as they are
 config = configurator.load_config({**configurator.read_keys(__file__), **configurator.train_keys()}, sys.argv[1:],
@@ -128,6 +132,8 @@ if LOSSES['torch'] is None and 'torch' in loss_names:
 if 'torch' in loss_names and config['logit_softcap']:
     raise ConfigError(f"loss=torch has no logit soft-capping: use --loss=chunked,naive with "
                       f"logit_softcap={config['logit_softcap']}, or --logit_softcap=0")
+if config['mode'] == 'card' and config['card_steps'] < 1:
+    raise ConfigError(f"card_steps={config['card_steps']} must be at least 1: the timed steps of each preset")
 if config['find_batch_size'] and device_type != 'cuda':
     raise ConfigError('find_batch_size tries micro-batches until the GPU runs out of memory: it needs CUDA')
 globals().update(config)
@@ -519,13 +525,14 @@ def bench_sample():
 
 
 def bench_card():
-    """training/card.py's measurements of this device with the presets; its report rewritten as each figure comes."""
+    """training/card.py's measurements of this device with the presets, added to card_report as each part ends."""
     names = [name for name in card_presets.split(',') if name]
     result = card.run(device, device_type, names, steps=card_steps, seconds=card_seconds,
-                      preset_seconds=card_preset_seconds, progress=lambda line: print(line, flush=True),
-                      keep=lambda result: card.write_report(result, card_report))
-    print(card.markdown(result))
-    print('wrote ' + ' and '.join(card.write_report(result, card_report)))
+                      part_seconds=card_preset_seconds, report=card_report,
+                      progress=lambda line: print(line, flush=True))
+    print(card_markdown(result))
+    print(f"wrote {card_report}.md and {card_report}.json ({result['runs'][-1]['seconds']:.0f} s; measured: "
+          f"{', '.join(result['runs'][-1]['measured']) or 'nothing, the report was complete'})")
 
 
 if mode == 'train' and count_ops:

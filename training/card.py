@@ -1,297 +1,259 @@
-"""bench.py --mode=card: one command that measures a GPU with this project's presets and checks what only a GPU can
-show, keeping each figure as soon as it is measured (card.md and card.json rewritten, atomically, after each).
+"""bench.py --mode=card: one command that proves this project's presets on a GPU and checks what only a GPU can show,
+keeping each figure as soon as it is measured (card.md and card.json rewritten atomically after each part:
+training/card_report.py), and measuring in a later run only what its report still lacks.
 
-1. The checks (training/card_checks.py): the compiled model against eager, FlashAttention's variable-length kernel
-   against the masked attention, bf16 weights against fp32, on the speedrun preset's model with randomized weights:
-   the loss and every gradient, against the reference's own measured bf16 noise.
-2. nanoGPT's path (training/card_measure.py): config/train_gpt2.py's model trained with our loss and with nanoGPT's
-   full logits, eager and compiled: the step time ratios and each side's peak memory.
-3. Each card preset (config/*_<N>gb.py) the estimator says fits this card, in a child process of its own ended at
-   card_preset_seconds: its compilation time, then the step and evaluation times after warm-up, tokens/s, MFU and the
-   peak memory (allocated, reserved) beside the estimate; the hours of its run (training and evaluations) at that
-   rate; then a few iterations of train.py itself on synthetic tokens, with an evaluation, a checkpoint and a resume.
+Its parts, each in child processes of its own (this process never starts CUDA, so each child has the GPU as a train.py
+run would), in this order:
+1. the checks (training/card_checks.py's CHECKS, each a result of its own), on the speedrun preset's model;
+2. each card preset (config/*_<N>gb.py): train.py itself, held to the card it names (training/card_train.py); the
+   speedrun preset first, then the other 12 GB presets, then the rest, each group from the smallest model up;
+3. nanoGPT's path (training/card_measure.py): config/train_gpt2.py's model with our loss and with the full logits;
+4. the profile (training/card_profile.py): the speedrun preset's step and nanoGPT's compiled step.
+
+Coverage accumulates. Each result keeps a fingerprint of the files that made it: the training code (train.py,
+model.py, attention.py, chunked_loss.py, configurator.py and training/ but for the card's own modules), the card
+module that measured it (PART_FILES) and the configs it ran. Given the report of an earlier run on the same GPU and
+torch (card_report), the card measures only the parts that it lacks, then those a time limit stopped, then the stale
+ones (whose fingerprint changed: kept, and marked so, until measured again). A preset that this machine cannot run
+(train.py's own checks: torchao for 8-bit AdamW, an Ampere GPU for bf16 weights) is skipped with that line and tried
+again in a later run. Each part is stopped at card_preset_seconds, and the card at card_seconds: the part then running
+is stopped (its row says so, and a later run retries it), and the parts not started are left to a later run.
 
 On a CPU the same code runs at a CPU's scale (card_measure.TINY, bf16 autocast as on a GPU, GPT-2's vocabulary for
-nanoGPT's path): the tests keep it working. There are no memory counters there, and the varlen check runs only where
-a CPU stand-in for the kernel is registered (the tests' flash_varlen_on_a_cpu.py)."""
+nanoGPT's path; the presets' train.py eager, without a cap): the tests keep it working."""
 import glob
+import hashlib
 import json
 import os
-import pickle
-import re
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-import numpy as np
 import torch
 
-from model import GPT2_VOCAB_SIZE
 from training import card_checks
-from training.card_measure import NANOGPT_CONFIG, load_preset, write_atomically
-from training.memory import estimate as em
-from training.rules import DEFAULT_VOCAB_SIZE
+from training.card_measure import NANOGPT_CONFIG, ROOT, SPEEDRUN, load_preset, run_child
+from training.card_report import check_line, nanogpt_lines, preset_line, profile_lines, read_report, write_report
+from training.card_train import PRESET_PATTERN, card_gib, run_preset
+from training.errors import ConfigError
+from training.memory.floor import training_floor
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) # the scripts run from the repository
-PRESET_PATTERN = re.compile(r'_(\d+)gb\.py$')
-SPEEDRUN = 'speedrun_gpt2_12gb.py' # the preset whose token budget the hours are for, and whose model is checked
-LOOP_ITERS = 2 # train.py's iterations to its checkpoint, and as many again after the resume
-
-
-def preset_paths(config_dir):
-    """The card presets, the speedrun preset first: config/*_<N>gb.py."""
-    paths = sorted(p for p in glob.glob(os.path.join(config_dir, '*gb.py')) if PRESET_PATTERN.search(p))
-    return sorted(paths, key=lambda p: os.path.basename(p) != SPEEDRUN)
-
-
-def run_child(argv, seconds, on_line=lambda line: None):
-    """argv run from the repository in a process group of its own, each output line passed to on_line, the group
-    killed after `seconds` (with the compiler's worker processes): (its exit status, or None if stopped; its last
-    output line)."""
-    child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
-    last = ['']
-
-    def read():
-        for line in child.stdout:
-            if line.strip():
-                last[0] = line.rstrip()
-                on_line(last[0])
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        status = child.wait(timeout=max(seconds, 1))
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-        status = None
-    reader.join(timeout=10)
-    return status, last[0]
+# the training code every figure depends on, with training/'s modules but the card's own (card*.py)
+CODE = ('train.py', 'model.py', 'attention.py', 'chunked_loss.py', 'configurator.py')
+# each kind of part's own files beyond the training code (a preset part also its preset's file)
+PART_FILES = {
+    'checks': ('training/card_checks.py', 'training/card_measure.py', f'config/{SPEEDRUN}'),
+    'preset': ('training/card_train.py', 'training/card_measure.py'),
+    'nanogpt_path': ('training/card_measure.py', f'config/{NANOGPT_CONFIG}'),
+    'profile': ('training/card_profile.py', 'training/card_measure.py', f'config/{SPEEDRUN}',
+                f'config/{NANOGPT_CONFIG}'),
+}
+NEVER, STOPPED, STALE = 0, 1, 2 # a part to measure, in this order: never measured, stopped by a time limit, stale
 
 
-def measured(job, seconds, progress):
-    """card_measure's figures for `job`, run in a child process stopped after `seconds`: what it measured, with
-    'stopped' (the phase it was in) or 'error' (the last line it printed) where it did not finish."""
+def preset_paths(config_dir='config'):
+    """The card presets, config/*_<N>gb.py, in the card's order: the speedrun preset, the other 12 GB presets, then
+    the rest; each group from the least memory up (training_floor: weights, gradients and block inputs, a model's
+    size), so that a short run covers the most presets."""
+    paths = [p for p in glob.glob(os.path.join(config_dir, '*gb.py')) if PRESET_PATTERN.search(p)]
+
+    def order(path):
+        config, _, model_args = load_preset(path, tiny=False)
+        return (os.path.basename(path) != SPEEDRUN, card_gib(path) != 12,
+                sum(training_floor(config, model_args).values()), os.path.basename(path))
+    return sorted(paths, key=order)
+
+
+def selected(paths, names):
+    """The presets of `paths` that `names` picks (file names, with or without .py; none: all), in their order;
+    ConfigError naming card_presets for a name that is no card preset."""
+    known = {os.path.basename(path): path for path in paths}
+    wanted = [name if name.endswith('.py') else f'{name}.py' for name in names]
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise ConfigError(f"card_presets: {', '.join(unknown)} is no card preset: use some of {', '.join(known)}, "
+                          f"comma-separated, or '' for all")
+    return [path for name, path in known.items() if not wanted or name in wanted]
+
+
+def digest(paths, seed=''):
+    """A short hash of `seed` and the names and contents of `paths` (relative to the repository or absolute)."""
+    h = hashlib.sha256(seed.encode())
+    for path in paths:
+        with open(os.path.join(ROOT, path), 'rb') as f:
+            h.update(os.path.basename(path).encode() + b'\0' + f.read())
+    return h.hexdigest()[:16]
+
+
+def code_digest():
+    """The digest of the training code (CODE and training/'s modules but the card's own)."""
+    modules = sorted(os.path.relpath(path, ROOT) for path in glob.glob(os.path.join(ROOT, 'training', '**', '*.py'),
+                                                                      recursive=True)
+                     if not os.path.basename(path).startswith('card'))
+    return digest([*CODE, *modules])
+
+
+def fingerprint(code, kind, preset=None):
+    """The fingerprint of a part of `kind`: the training code's digest, its PART_FILES and its preset's file."""
+    return digest([*PART_FILES[kind], *([os.path.abspath(preset)] if preset else [])], seed=code)
+
+
+def state(entry, current):
+    """Where a part's result stands: NEVER measured, STOPPED by a time limit, STALE (made by other code or another
+    preset file; an entry of an earlier card has no fingerprint), or None: measured, and current. Marks it stale or
+    not, for the report."""
+    if entry is None:
+        return NEVER
+    if 'stopped' in entry:
+        return STOPPED
+    entry.pop('stale', None)
+    if entry.get('fingerprint') != current:
+        entry['stale'] = True
+        return STALE
+    return None
+
+
+def kept(old, new):
+    """The entry to keep: the new one, but an earlier result (stale) where the new attempt was stopped."""
+    if old is not None and 'stopped' in new and 'stopped' not in old:
+        return dict(old, last_attempt=new['stopped'])
+    return new
+
+
+def measured(job, limit, progress):
+    """card_measure's figures for `job`, run in a child process stopped after limit = (seconds, the key that set
+    them): what it measured, with 'stopped' (the phase it was in) or 'error' (its last line) where it did not finish,
+    and 'phase', the phase it ended in."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, 'result.json')
-        status, last = run_child([sys.executable, '-m', 'training.card_measure', json.dumps(job), path], seconds,
+        status, last = run_child([sys.executable, '-m', 'training.card_measure', json.dumps(job), path], limit[0],
                                  progress)
         row = {}
         if os.path.exists(path):
             with open(path, encoding='utf-8') as f:
                 row = json.load(f)
-    phase = row.pop('phase', 'starting')
+    row.setdefault('phase', 'starting')
     if status is None:
-        row['stopped'] = f'stopped after {seconds:.0f} s (card_preset_seconds) while {phase}'
-    elif phase != 'done' and 'error' not in row:
+        row['stopped'] = f"stopped after {limit[0]:.0f} s ({limit[1]}) while {row['phase']}"
+    elif row['phase'] != 'done' and 'error' not in row:
         row['error'] = last or f'exit status {status}'
     return row
 
 
-def write_tokens(path, vocab_size, tokens, seed=0):
-    """Random uint16 tokens below vocab_size: a synthetic train.bin or val.bin."""
-    np.random.default_rng(seed).integers(vocab_size, size=tokens, dtype=np.uint16).tofile(path)
+def continued(previous, facts, tiny, report, progress):
+    """The result this run adds to: a new one, or the report of an earlier run on this GPU and torch (ConfigError for
+    another's), without its preset rows of an earlier card (measured outside train.py, without a cap)."""
+    result = dict(device=facts['device'], torch=torch.__version__, scaled_down=tiny, checks={}, presets=[],
+                  nanogpt_path=None, profile=None, runs=[])
+    if previous is None:
+        return result
+    if (previous['device'], previous['torch'].split('+')[0]) != (facts['device'], torch.__version__.split('+')[0]):
+        raise ConfigError(f"card_report={report} is the report of {previous['device']} with torch "
+                          f"{previous['torch']}, not of this {facts['device']} with torch {torch.__version__}: pass "
+                          f"another --card_report (one report per GPU and torch version)")
+    earlier = [row['preset'] for row in previous.get('presets', []) if 'card_gib' not in row]
+    if earlier:
+        progress(f"card: {', '.join(earlier)}: measured by an earlier card, outside train.py and without a cap: "
+                 f"measured again")
+    return dict(result, checks=previous.get('checks', {}), nanogpt_path=previous.get('nanogpt_path'),
+                profile=previous.get('profile'), runs=previous.get('runs', []),
+                presets=[row for row in previous.get('presets', []) if 'card_gib' in row])
 
 
-def train_loop(path, config, overrides, model_args, tiny, seconds, progress):
-    """train.py on preset `path` with the card's overrides, on synthetic tokens in a temporary data dir: LOOP_ITERS
-    iterations, an evaluation and a checkpoint, then a resume from it for as many more (another evaluation and
-    checkpoint). On a CPU eager (the compiled graphs were the measurement's). {ok, seconds[, error]}."""
+def plan(result, paths, code):
+    """The parts to measure now, in order: (state, position, kind, what: the checks' names or a preset's path)."""
+    parts = []
+    current = fingerprint(code, 'checks')
+    checks = {name: state(result['checks'].get(name), current) for name, _ in card_checks.CHECKS}
+    due = [name for name, due_state in checks.items() if due_state is not None]
+    if due:
+        parts.append((min(checks[name] for name in due), 0, 'checks', due))
+    rows = {row['preset']: row for row in result['presets']}
+    for position, path in enumerate(paths, 1):
+        row = rows.get(os.path.basename(path))
+        preset_state = NEVER if row is not None and 'skipped' in row else state(row, fingerprint(code, 'preset', path))
+        if preset_state is not None:
+            parts.append((preset_state, position, 'preset', path))
+    for position, kind in enumerate(('nanogpt_path', 'profile'), len(paths) + 1):
+        part_state = state(result[kind], fingerprint(code, kind))
+        if part_state is not None:
+            parts.append((part_state, position, kind, None))
+    return sorted(parts)
+
+
+def label(kind, what):
+    """A part's name in the run's record and its lines."""
+    if kind == 'checks':
+        return f"checks: {', '.join(what)}"
+    if kind == 'preset':
+        return os.path.basename(what)
+    return "nanoGPT's path" if kind == 'nanogpt_path' else 'profile'
+
+
+def measure_checks(result, names, job, limit, code, progress):
+    """The checks of `names` in one child, each kept with its fingerprint; the one a limit stopped says so."""
+    row = measured(dict(job, kind='checks', name='check', checks=names), limit, progress)
+    current = fingerprint(code, 'checks')
+    for name in names:
+        if name in row.get('checks', {}):
+            result['checks'][name] = dict(row['checks'][name], fingerprint=current)
+        elif name == row['phase'] and ('stopped' in row or 'error' in row): # the check it ended in
+            new = {'stopped': row['stopped']} if 'stopped' in row else {'error': row['error'], 'fingerprint': current}
+            result['checks'][name] = kept(result['checks'].get(name), new)
+    result['checks'] = {name: result['checks'][name] for name, _ in card_checks.CHECKS if name in result['checks']}
+    for name in names:
+        if name in result['checks']:
+            progress(check_line(name, result['checks'][name]))
+
+
+def run(device, device_type, names=(), steps=3, seconds=1800, part_seconds=600, report='card', progress=print,
+        config_dir='config'):
+    """Everything the card mode measures, added to the report at `report` (its path without the extension) and
+    written there after each part: the parts its report lacks or holds stale (see the module's docstring), the
+    presets among them those of `names` (or all), within part_seconds each and `seconds` in all. The result."""
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        data = os.path.join(tmp, 'synthetic')
-        os.makedirs(data)
-        vocab_size = model_args['vocab_size']
-        if vocab_size != DEFAULT_VOCAB_SIZE:
-            with open(os.path.join(data, 'meta.pkl'), 'wb') as f: # train.py's vocabulary: the model's
-                pickle.dump({'vocab_size': vocab_size}, f)
-        rows = 2 * LOOP_ITERS * config['gradient_accumulation_steps'] * config['batch_size'] + 4
-        for split, seed in (('train', 0), ('val', 1)):
-            write_tokens(os.path.join(data, f'{split}.bin'), min(vocab_size, GPT2_VOCAB_SIZE),
-                         rows * config['block_size'] + 1, seed)
-        args = [sys.executable, 'train.py', os.path.abspath(path), *(f'--{k}={v}' for k, v in overrides.items()),
-                f'--data_dir={tmp}', '--dataset=synthetic', f"--out_dir={os.path.join(tmp, 'out')}",
-                f'--eval_interval={LOOP_ITERS}', '--eval_iters=1', '--log_interval=1', '--always_save_checkpoint=True',
-                *(['--compile=False'] if tiny else [])]
-        for phase, extra in (('train.py loop', [f'--max_iters={LOOP_ITERS}']),
-                             ('train.py resume', ['--init_from=resume', f'--max_iters={2 * LOOP_ITERS}'])):
-            progress(f'{os.path.basename(path)}: {phase}')
-            status, last = run_child(args + extra, seconds - (time.perf_counter() - start))
-            if status != 0:
-                error = last if status is not None else f'stopped after {seconds:.0f} s (card_preset_seconds)'
-                return dict(ok=False, seconds=time.perf_counter() - start, error=f'{phase}: {error}')
-    return dict(ok=True, seconds=time.perf_counter() - start)
-
-
-def run_hours(config, row):
-    """train.py's run of `config` at the measured rate, in hours: max_iters steps (train_hours), and an evaluation
-    every eval_interval (eval_iters x batch_size windows of each split in eval_batch_size micro-batches: eval_hours)."""
-    evaluations = config['max_iters'] // config['eval_interval'] + 1
-    rows = config['eval_batch_size'] or config['batch_size']
-    micro_batches = 2 * -(-config['eval_iters'] * config['batch_size'] // rows)
-    train_hours = config['max_iters'] * row['step_seconds'] / 3600
-    eval_hours = evaluations * micro_batches * row['eval_micro_batch_seconds'] / 3600
-    return dict(train_hours=train_hours, eval_hours=eval_hours, hours=train_hours + eval_hours)
-
-
-def run_preset(path, device, device_type, tiny, card_bytes, steps, seconds, progress):
-    """A preset's row: its estimate, then (where it fits) its measurements and the hours of its run, then train.py's
-    loop on it, all within `seconds`."""
-    start, name = time.perf_counter(), os.path.basename(path)
-    config, overrides, model_args = load_preset(path, tiny)
-    card_gb = float(PRESET_PATTERN.search(name).group(1))
-    progress(f'{name}: estimate')
-    estimate = em.estimate({**em.ESTIMATOR_DEFAULTS, **config, 'world_size': 1,
-                            'gpu_memory_gb': card_bytes / em.GIB if card_bytes else card_gb}, warm_start=True)
-    row = dict(preset=name, estimated_peak_bytes=estimate['train']['peak_bytes'],
-               estimated_total_bytes=estimate['total_bytes'], fits=estimate['fits'])
-    if not estimate['fits']:
-        return dict(row, skipped='the estimate does not fit this card')
-    progress(f'{name}: micro-batch {config["batch_size"]} x {config["block_size"]}, '
-             f'{config["gradient_accumulation_steps"]} micro-steps a step, {steps} timed steps')
-    job = dict(kind='preset', name=name, path=os.path.abspath(path), tiny=tiny, device=device,
-               device_type=device_type, steps=steps)
-    row.update(measured(job, seconds, progress))
-    if 'step_seconds' in row and 'eval_micro_batch_seconds' in row:
-        row.update(run_hours(config, row), tokens=config['max_iters'] * config['batch_size'] * config['block_size'] *
-                   config['gradient_accumulation_steps']) # the run's, which the hours are for
-    if not any(key in row for key in ('skipped', 'stopped', 'error')):
-        row['train_loop'] = train_loop(path, config, overrides, model_args, tiny,
-                                       seconds - (time.perf_counter() - start), progress)
-    return row
-
-
-def run(device, device_type, names=(), config_dir='config', steps=3, seconds=1800, preset_seconds=600,
-        progress=print, keep=lambda result: None):
-    """Everything the card mode measures, as one JSON-able dict: the checks, nanoGPT's path, then the presets (those
-    of `names`, or all) in the order of preset_paths until `seconds` have passed (the rest listed as skipped), each
-    part within preset_seconds. keep(result) after each part; each preset's row printed through progress as it ends.
-    This process allocates nothing on the GPU (the checks' child reports the device): its memory is the children's."""
     tiny = device_type != 'cuda'
-    start = time.perf_counter()
-    result = dict(device=device, torch=torch.__version__, scaled_down=tiny, checks={}, nanogpt_path=None, presets=[])
-    progress(f'checks: on the {SPEEDRUN} model, weights randomized')
-    job = dict(kind='checks', name='check', path=os.path.abspath(os.path.join(config_dir, SPEEDRUN)), tiny=tiny,
-               device=device, device_type=device_type)
-    checks = measured(job, preset_seconds, progress)
-    if 'device' not in checks: # the child failed before it said: asked here
-        checks.update(device=torch.cuda.get_device_name(device) if not tiny else f'{device} (presets scaled down)',
-                      total_memory=torch.cuda.get_device_properties(device).total_memory if not tiny else None)
-    result.update(device=checks.pop('device'), checks=checks.pop('checks', {}))
-    card_bytes = checks.pop('total_memory')
-    if checks: # the checks' child stopped or failed: why
-        result['checks_outcome'] = outcome(checks)
-    keep(result)
-    progress(f'nanoGPT path: config/{NANOGPT_CONFIG}, our loss against the full logits')
-    job = dict(kind='nanogpt_path', name='nanoGPT path', tiny=tiny, device=device, device_type=device_type,
-               steps=steps)
-    result['nanogpt_path'] = measured(job, preset_seconds, progress)
-    keep(result)
-    for path in preset_paths(config_dir):
-        name = os.path.basename(path)
-        if names and name not in names:
-            continue
-        if time.perf_counter() - start > seconds:
-            row = dict(preset=name, skipped=f'over the {seconds} s budget (card_seconds)')
+    all_paths = preset_paths(config_dir)
+    paths = selected(all_paths, names)
+    job = dict(device=device, device_type=device_type, tiny=tiny, steps=steps)
+    facts = measured(dict(job, kind='device', name='device', paths=[os.path.abspath(p) for p in paths]),
+                     (min(part_seconds, seconds), 'card_preset_seconds'), progress)
+    if 'device' not in facts:
+        raise ConfigError(f"the card's device check did not end: {facts.get('stopped') or facts.get('error')}")
+    result = continued(read_report(report), facts, tiny, report, progress)
+    result['card_presets'] = [os.path.basename(path) for path in all_paths]
+    code = code_digest()
+    parts = plan(result, paths, code)
+    progress(f"card: {facts['device']}, torch {torch.__version__}: "
+             + (', '.join(label(kind, what) for _, _, kind, what in parts) or 'nothing') + ' to measure')
+    done = []
+    for _, _, kind, what in parts:
+        left = seconds - (time.perf_counter() - start)
+        if left <= 0:
+            break
+        limit = (part_seconds, 'card_preset_seconds') if part_seconds <= left else (left, 'card_seconds')
+        progress(f'card: {label(kind, what)}')
+        if kind == 'checks':
+            measure_checks(result, what, dict(job, path=os.path.abspath(os.path.join(config_dir, SPEEDRUN))), limit,
+                           code, progress)
+        elif kind == 'preset':
+            row = run_preset(what, device, device_type, steps, limit, facts, progress)
+            if 'stopped' not in row and 'skipped' not in row:
+                row['fingerprint'] = fingerprint(code, 'preset', what)
+            rows = {row['preset']: row for row in result['presets']}
+            rows[row['preset']] = kept(rows.get(row['preset']), row)
+            result['presets'] = [rows[name] for name in result['card_presets'] if name in rows]
+            progress(preset_line(row['preset'], rows[row['preset']]))
         else:
-            row = run_preset(path, device, device_type, tiny, card_bytes, steps, preset_seconds, progress)
-        result['presets'].append(row)
-        if name == SPEEDRUN and 'hours' in row:
-            result['speedrun'] = {key: row[key] for key in ('tokens', 'train_hours', 'eval_hours', 'hours')}
-        progress(preset_line(row))
-        result['seconds'] = time.perf_counter() - start
-        keep(result)
-    result['seconds'] = time.perf_counter() - start
-    keep(result)
+            row = measured(dict(job, kind=kind, name=label(kind, what)), limit, progress)
+            del row['phase']
+            if 'stopped' not in row:
+                row['fingerprint'] = fingerprint(code, kind)
+            result[kind] = kept(result[kind], row)
+            progress((nanogpt_lines if kind == 'nanogpt_path' else profile_lines)(result[kind])[0])
+        done.append(label(kind, what))
+        write_report(result, report)
+    result['runs'].append(dict(seconds=time.perf_counter() - start, card_seconds=seconds, measured=done,
+                               left=[label(kind, what) for _, _, kind, what in parts[len(done):]]))
+    write_report(result, report)
     return result
-
-
-def gib(n):
-    return 'n/a' if n is None else f'{n / em.GIB:.2f}'
-
-
-def check_line(name, check):
-    """A check's row of the report: its verdict, the loss against the reference's, and the loss's and the furthest
-    gradient's differences beside the measured noise (all relative)."""
-    if 'skipped' in check or 'error' in check:
-        return f"| {name} | {'skipped: ' + check['skipped'] if 'skipped' in check else 'ERROR: ' + check['error']} " \
-               f"| | | | |"
-    steps = f"; losses of {card_checks.CHECK_STEPS} steps {check['step_difference']:.1e} (noise " \
-            f"{check['step_noise']:.1e})" if 'step_difference' in check else ''
-    return (f"| {name} | {'pass' if check['passed'] else 'FAIL'} | {check['loss']:.4f} ({check['reference_loss']:.4f})"
-            f" | {check['loss_difference']:.1e} (noise {check['loss_noise']:.1e}){steps} "
-            f"| {check['gradient_difference']:.1e} (noise {check['gradient_noise']:.1e}), "
-            f"{check['gradient_parameter']} | {check['tolerance']}x noise |")
-
-
-def outcome(row):
-    """Why a preset has no figures, or its train.py loop's result."""
-    for key in ('skipped', 'stopped', 'error'):
-        if key in row:
-            return f"{'' if key == 'stopped' else key + ': '}{row[key]}"
-    loop = row.get('train_loop')
-    return 'train.py: ' + (f"ok ({loop['seconds']:.0f} s)" if loop['ok'] else loop['error']) if loop else ''
-
-
-def preset_line(row):
-    """A preset's row of the report; n/a where it was not measured."""
-    def figure(key, form):
-        return form.format(row[key]) if row.get(key) is not None else 'n/a'
-    estimate = f"{gib(row['estimated_peak_bytes'])} ({gib(row['estimated_total_bytes'])})" \
-        if 'estimated_peak_bytes' in row else 'n/a'
-    mfu = f"{row['mfu'] * 100:.1f}%" if row.get('mfu') is not None else 'n/a'
-    return (f"| {row['preset']} | {estimate} | {gib(row.get('max_allocated_bytes'))} "
-            f"| {gib(row.get('max_reserved_bytes'))} | {figure('compile_seconds', '{:.1f}')} "
-            f"| {figure('step_seconds', '{:.3f}')} | {figure('eval_micro_batch_seconds', '{:.4f}')} "
-            f"| {figure('tokens_per_s', '{:,.0f}')} | {mfu} "
-            f"| {figure('train_hours', '{:.2f}')} + {figure('eval_hours', '{:.2f}')} | {outcome(row)} |")
-
-
-def nanogpt_lines(path):
-    """nanoGPT's path: the step time ratios (ours / naive) and each side's peak memory, or why it has none."""
-    if path is None:
-        return []
-    head = f"nanoGPT's path, config/{NANOGPT_CONFIG}: "
-    if 'eager_ratio' not in path:
-        return [head + (outcome(path) or 'not measured'), '']
-    compiled = f"{path['compiled_ratio']:.2f}x" if 'compiled_ratio' in path else outcome(path)
-    return [head + f"micro-batch {path['micro_batch'][0]} x {path['micro_batch'][1]}, {path['n_layer']} layers, "
-            f"n_embd {path['n_embd']}, vocabulary {path['vocab_size']:,}, {path['dtype']}: our loss's step time "
-            f"against nanoGPT's full logits (ours / naive, median of alternating steps) eager "
-            f"{path['eager_ratio']:.2f}x, compiled {compiled}; peak allocated GiB: ours "
-            f"{gib(path['ours_peak_bytes'])}, naive {gib(path['naive_peak_bytes'])}.", '']
-
-
-def markdown(result):
-    """The report of run()'s result, as Markdown: what is measured so far."""
-    lines = [f"# {result['device']}", '', f"torch {result['torch']}, {result.get('seconds', 0):.0f} s.", '']
-    if 'checks_outcome' in result:
-        lines += [f"checks: {result['checks_outcome']}", '']
-    if result['checks']:
-        lines += ['| check | result | loss (reference) | loss difference | largest gradient difference, parameter '
-                  '| tolerance |', '|---|---|---|---|---|---|']
-        lines += [check_line(name, check) for name, check in result['checks'].items()]
-        lines.append('')
-    lines += nanogpt_lines(result.get('nanogpt_path'))
-    if result['presets']:
-        lines += ['| preset | estimated peak GiB (total) | max allocated GiB | max reserved GiB | compile s '
-                  '| s/step | s/eval micro-batch | tokens/s | MFU | hours: train + eval | train.py loop |',
-                  '|---|---|---|---|---|---|---|---|---|---|---|']
-        lines += [preset_line(row) for row in result['presets']]
-    if 'speedrun' in result:
-        run = result['speedrun']
-        scale = ' (scaled down: not the real budget)' if result['scaled_down'] else ''
-        lines += ['', f"{SPEEDRUN}{scale}: {run['tokens']:,} tokens in {run['hours']:.2f} h at the measured rate: "
-                      f"{run['train_hours']:.2f} h of training steps and {run['eval_hours']:.2f} h of loss evaluations "
-                      f"(HellaSwag's not included)."]
-    return '\n'.join(lines) + '\n'
-
-
-def write_report(result, path):
-    """`path`.md and `path`.json, each written atomically; the two paths."""
-    write_atomically(f'{path}.md', markdown(result))
-    write_atomically(f'{path}.json', json.dumps(result, indent=1))
-    return f'{path}.md', f'{path}.json'

@@ -1,19 +1,23 @@
-"""bench.py --mode=card's measurements, each run by training/card.py in a child process of its own: the checks,
-nanoGPT's path, one preset. A preset hung in compilation cannot be interrupted from its own thread, but a child can be
-ended at its limit (card_preset_seconds) with the rest of the card kept; and the GPU's memory is the child's alone,
-as in a train.py run (card.py's own process allocates nothing there). The child prints the phase it enters and, as each
-phase starts, writes what it has measured so far to its result file (atomically): a stopped child leaves its phase
-and its figures.
+"""bench.py --mode=card's measurements, each run by training/card.py in a child process of its own (run_child): the
+device and what it lacks for each preset, the checks, nanoGPT's path, the profile (training/card_profile.py); each
+preset's train.py runs are children too (training/card_train.py). A child hung in compilation cannot be interrupted
+from its own thread, but it can be ended at its limit with the rest of the card kept; and the GPU's memory is the
+child's alone, as in a train.py run (card.py's own process never starts CUDA). The child prints the phase it enters
+and, as each phase starts, writes what it has measured so far to its result file (atomically): a stopped child leaves
+its phase and its figures.
 
-$ python -m training.card_measure '<job as JSON>' <result.json>   (job: its kind, 'checks', 'preset' or
-                                                                     'nanogpt_path', and their arguments)"""
+$ python -m training.card_measure '<job as JSON>' <result.json>   (job: its kind, 'device', 'checks', 'nanogpt_path'
+                                                                     or 'profile', and their arguments)"""
 import contextlib
 import io
 import itertools
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
+import threading
 import time
 
 import torch
@@ -23,7 +27,7 @@ from chunked_loss import chunked_cross_entropy, naive_cross_entropy
 from training import card_checks, rules, step
 from training.card_checks import autocast
 from training.data import atomic_files
-from training.device import peak_flops
+from training.device import check_device, peak_flops
 from training.errors import ConfigError, first_line
 from training.memory.estimate import random_batch
 from training.recipe import at_depth
@@ -32,6 +36,37 @@ from training.recipe import at_depth
 TINY = dict(n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=2, eval_batch_size=2, vocab_size=96,
             attn_window_warmup_start=16)
 NANOGPT_CONFIG = 'train_gpt2.py' # nanoGPT's default run: GPT-2 124M, micro-batch 12 x 1024
+SPEEDRUN = 'speedrun_gpt2_12gb.py' # the record's preset: its model is checked and profiled, its hours reported
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) # the children run from the repository
+
+
+def run_child(argv, seconds, on_line=lambda line: None, meanwhile=lambda: None):
+    """argv run from the repository in a process group of its own, each output line passed to on_line, the group
+    killed after `seconds` (with the compiler's worker processes); meanwhile() runs in this process while the child
+    does (a preset's estimate, on the CPU). (Its exit status, or None if stopped; its last output line)."""
+    start = time.perf_counter()
+    child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    last = ['']
+
+    def read():
+        for line in child.stdout:
+            if line.strip():
+                last[0] = line.rstrip()
+                on_line(last[0])
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        meanwhile()
+        status = child.wait(timeout=max(seconds - (time.perf_counter() - start), 1))
+    except subprocess.TimeoutExpired:
+        status = None
+    finally: # a child still running (its limit, or an error here) goes with its group
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    reader.join(timeout=10)
+    return status, last[0]
 
 
 def write_atomically(path, text):
@@ -44,11 +79,15 @@ def write_atomically(path, text):
 def load_preset(path, tiny, vocab_size=None):
     """(config, overrides, model_args) of preset `path`: train.py's config of it (its own lines silent), from scratch
     (a pretrained model's shape without its weights: the memory and time are the same) for synthetic tokens, and the
-    keys the card changed in it (the train.py loop passes them on). tiny: at TINY's scale on the CPU, under bf16
-    autocast as on a GPU, compiled where the preset compiles, with TINY's vocabulary unless `vocab_size` is given."""
+    keys the card changed in it (the train.py runs pass them on). tiny: at TINY's scale on the CPU, under bf16
+    autocast as on a GPU, with TINY's vocabulary unless `vocab_size` is given."""
     with contextlib.redirect_stdout(io.StringIO()):
         config = configurator.load_config(configurator.train_keys(), [path])
     overrides = dict(init_from='scratch', hellaswag=False, wandb_log=False)
+    if config['init_from'] != 'scratch': # from scratch, a pretrained model needs its shape given
+        shape, _ = rules.model_args(config, None)
+        overrides.update({key: shape[key] for key in ('n_layer', 'n_head', 'n_embd', 'bias')})
+        vocab_size = vocab_size or (None if tiny else shape['vocab_size'])
     if tiny:
         overrides.update({k: v for k, v in TINY.items() if k in config}, dtype='bfloat16', device='cpu',
                          gradient_accumulation_steps=min(config['gradient_accumulation_steps'], 2),
@@ -64,13 +103,9 @@ def load_preset(path, tiny, vocab_size=None):
 
 
 def synthetic_batches(config, vocab_size, device):
-    """Random tokens, a document token every 200 positions where the model has one: the records' packed layout."""
-    def batch():
-        x, y = random_batch(config['batch_size'], config['block_size'], vocab_size, device)
-        if config['doc_token'] >= 0:
-            x[:, ::200] = config['doc_token']
-        return x, y
-    return step.Prefetcher(batch() for _ in itertools.count())
+    """Uniformly random tokens, as the train.py runs' synthetic data: a document token where one is drawn."""
+    return step.Prefetcher(random_batch(config['batch_size'], config['block_size'], vocab_size, device)
+                           for _ in itertools.count())
 
 
 def synchronize(device_type):
@@ -88,62 +123,6 @@ def seconds_of(call, device_type):
 
 def median_seconds(call, device_type, calls):
     return statistics.median(seconds_of(call, device_type) for _ in range(calls))
-
-
-def measure_preset(config, model_args, device, device_type, steps, report):
-    """A preset trained as configured: its first step (compilation included) and first evaluation timed on their
-    own, then `steps` steps of one micro-step and of two (a micro-step's time and the rest of a step's, for the whole
-    step of gradient_accumulation_steps) and `steps` evaluation micro-batches, each the median, after a warm-up call;
-    tokens/s, MFU and, on CUDA, the peak memory. report(phase, row) as each phase starts, with the figures so far."""
-    row = {}
-    report('building', row)
-    torch.manual_seed(0)
-    with contextlib.redirect_stdout(io.StringIO()): # build's lines about the optimizer
-        model, optimizer = step.build(config, model_args, device, device_type)
-    raw_model, run = model, torch.compile(model) if config['compile'] else model
-    batches = synthetic_batches(config, model_args['vocab_size'], device)
-    if device_type == 'cuda':
-        torch.cuda.reset_peak_memory_stats(device)
-    ctx = autocast(config['dtype'], device_type, config['autocast_cache'])
-    scaler = torch.amp.GradScaler(device_type, enabled=config['dtype'] == 'float16')
-    window = config['attn_window'] or None
-
-    def train_step(accumulation):
-        return lambda: step.train_step(run, optimizer, batches, accumulation, ctx, scaler, config['grad_clip'], window)
-
-    accumulation = config['gradient_accumulation_steps']
-    report('compiling' if config['compile'] else 'warming up', row)
-    first_step = seconds_of(train_step(1), device_type)
-    report('timing', row)
-    one = median_seconds(train_step(1), device_type, steps)
-    two = one
-    if accumulation > 1:
-        train_step(2)() # warm-up: nothing new to compile, the allocator's second micro-step
-        two = median_seconds(train_step(2), device_type, steps)
-    step_seconds = one + (accumulation - 1) * max(two - one, 0.0)
-    peak = peak_flops(device)
-    row.update(step_seconds=step_seconds, tokens_per_s=config['batch_size'] * config['block_size'] * accumulation /
-               step_seconds, mfu=raw_model.estimate_mfu(config['batch_size'] * accumulation, step_seconds, peak[0])
-               if peak else None)
-    report('evaluating', row)
-    rows = config['eval_batch_size'] or config['batch_size']
-
-    def evaluation():
-        x, y = (t[:rows] for t in batches.take())
-        batches.fetch()
-        with torch.no_grad(), ctx:
-            run(x, y, attn_window=window)
-    run.eval() # train.py's estimate_loss: eval mode, no gradients (a graph of its own when compiled)
-    first_evaluation = seconds_of(evaluation, device_type)
-    row['eval_micro_batch_seconds'] = median_seconds(evaluation, device_type, steps)
-    run.train()
-    # the first calls' time beyond a steady call's: the compilation of the training and the evaluation graphs
-    row['compile_seconds'] = (first_step - one + first_evaluation - row['eval_micro_batch_seconds']
-                              if config['compile'] else None)
-    if device_type == 'cuda':
-        row.update(max_allocated_bytes=torch.cuda.max_memory_allocated(device),
-                   max_reserved_bytes=torch.cuda.max_memory_reserved(device))
-    return row
 
 
 def measure_nanogpt_path(device, device_type, steps, tiny, report):
@@ -188,27 +167,59 @@ def measure_nanogpt_path(device, device_type, steps, tiny, report):
     return result
 
 
-def measure_checks(path, device, device_type, tiny, report):
-    """card_checks' CHECKS on the model of preset `path` (the speedrun's), each outcome kept as it comes; with the
-    device's name and memory, which the card reads from here."""
+def measure_device(paths, device, device_type, tiny):
+    """This machine as the card needs it: the device's name (a CPU's says the presets are scaled down), its memory
+    and dense bf16 peak (MFU's), and for each preset of `paths` the one line of train.py's own checks that it fails
+    here, if any: what it needs and this machine lacks (torchao for 8-bit AdamW, an Ampere GPU for bf16, CUDA for
+    FlexAttention). Checked here, where CUDA may start, not in the card's own process."""
+    lacks = {}
+    for path in paths:
+        config, _, _ = load_preset(path, tiny)
+        try:
+            check_device(device, config['dtype'])
+            rules.check_config(config, 1, device_type)
+        except ConfigError as e:
+            lacks[os.path.basename(path)] = str(e)
+    cuda, peak = device_type == 'cuda', peak_flops(device)
+    return dict(device=torch.cuda.get_device_name(device) if cuda else f'{device} (presets scaled down)',
+                total_memory=torch.cuda.get_device_properties(device).total_memory if cuda else None,
+                peak_flops=peak[0] if peak else None, lacks=lacks)
+
+
+def measure_checks(path, names, device, device_type, tiny, report):
+    """card_checks' CHECKS of `names`, in CHECKS' order, on the model of preset `path` (the speedrun's), each outcome
+    kept as it comes."""
     config, _, model_args = load_preset(path, tiny)
-    cuda = device_type == 'cuda'
-    result = dict(device=torch.cuda.get_device_name(device) if cuda else f'{device} (presets scaled down)',
-                  total_memory=torch.cuda.get_device_properties(device).total_memory if cuda else None, checks={})
+    result = dict(checks={})
     for name, check in card_checks.CHECKS:
+        if name not in names:
+            continue
         report(name, result)
         try:
             result['checks'][name] = check(config, model_args, device, device_type)
         except Exception as e: # a check that cannot run is a finding too: the others still run
             result['checks'][name] = dict(error=f'{type(e).__name__}: {first_line(e)}')
-        if cuda: # the next check's models on an empty GPU
+        if device_type == 'cuda': # the next check's models on an empty GPU
             torch.cuda.empty_cache()
     return result
 
 
+def measure(job, report):
+    """The figures of `job`, by its kind."""
+    device, device_type, tiny = job['device'], job['device_type'], job['tiny']
+    if job['kind'] == 'device':
+        return measure_device(job['paths'], device, device_type, tiny)
+    if job['kind'] == 'checks':
+        return measure_checks(job['path'], job['checks'], device, device_type, tiny, report)
+    if job['kind'] == 'profile':
+        from training.card_profile import measure_profile # the profiler's module, for that job alone
+        return measure_profile(device, device_type, tiny, report)
+    return measure_nanogpt_path(device, device_type, job['steps'], tiny, report)
+
+
 def main(job, path):
     """Runs `job` and writes its result to `path`: its figures and phase (as it goes), then 'done', or 'error' (the
-    error's line) or 'skipped' (a lever this machine lacks, or memory the estimate said would suffice)."""
+    error's line) or 'skipped' (a lever this machine lacks, or its memory)."""
     row = {} # the figures of the last phase reported, kept where a later phase fails
 
     def report(phase, figures):
@@ -216,20 +227,13 @@ def main(job, path):
         print(f"{job['name']}: {phase}", flush=True)
         write_atomically(path, json.dumps(dict(row, phase=phase)))
 
-    device, device_type = job['device'], job['device_type']
     try:
-        if job['kind'] == 'checks':
-            row.update(measure_checks(job['path'], device, device_type, job['tiny'], report))
-        elif job['kind'] == 'preset':
-            config, _, model_args = load_preset(job['path'], job['tiny'])
-            row.update(measure_preset(config, model_args, device, device_type, job['steps'], report))
-        else:
-            row.update(measure_nanogpt_path(device, device_type, job['steps'], job['tiny'], report))
-    except ConfigError as e: # a lever this machine lacks (torchao's 8-bit AdamW)
+        row.update(measure(job, report))
+    except ConfigError as e: # a lever this machine lacks
         row['skipped'] = str(e)
-    except torch.OutOfMemoryError: # for a preset, what the estimate said would fit did not: the finding to report
-        row['skipped'] = 'out of memory' + (', though the estimate fits' if job['kind'] == 'preset' else '')
-    except Exception as e: # the card goes on with the next preset; the row says what failed
+    except torch.OutOfMemoryError:
+        row['skipped'] = 'out of memory'
+    except Exception as e: # the card goes on with its next part; the row says what failed
         row['error'] = f'{type(e).__name__}: {first_line(e)}'
     write_atomically(path, json.dumps(dict(row, phase='done')))
 

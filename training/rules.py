@@ -45,8 +45,8 @@ def check_config(config, world_size, device_type):
         raise ConfigError(f"gpu_headroom_gb={config['gpu_headroom_gb']} must be 0 or more: the GiB of the card to "
                           f"leave free for other programs, e.g. --gpu_headroom_gb=0.5")
     if config['memory_cap_gb'] < 0:
-        raise ConfigError(f"memory_cap_gb={config['memory_cap_gb']} must be 0 (no cap) or positive: the GiB of the card "
-                          f"to hold the run to, e.g. --memory_cap_gb=11")
+        raise ConfigError(f"memory_cap_gb={config['memory_cap_gb']} must be 0 (no cap) or positive: the GiB of the "
+                          f"card to hold the run to, e.g. --memory_cap_gb=11")
     if config['memory_cap_gb'] and device_type != 'cuda':
         raise ConfigError(f"memory_cap_gb caps CUDA's caching allocator: on device={config['device']!r} use "
                           f"--memory_cap_gb=0")

@@ -1,7 +1,9 @@
 """training/card.py and its checks (training/card_checks.py): each check passes on the paths as they are and fails
 where one path is broken (a window off by one in the kernel, a term dropped in the compiled model, the bf16 update
-rounded to nearest); the hours, the report, and the run that keeps each figure as it comes and a stopped preset
-without the rest. The measurements themselves run in tests/e2e/test_bench.py, on a CPU."""
+rounded to nearest); the card's order, its fingerprints, and its runs with the children replaced: each part kept as it
+ends, a second run measuring only what the first did not, never-measured parts first, then stopped, then stale ones,
+a preset this machine lacks a library for skipped with that line. The slow tests run train.py itself: an out-of-memory
+error at the evaluation is a FAIL row and the card goes on. The whole card runs in tests/e2e/test_bench.py, on a CPU."""
 import json
 import math
 import os
@@ -13,10 +15,13 @@ import flash_varlen_on_a_cpu
 import model as model_lib
 import training.optim
 from helpers import PATCHES
-from training import card, card_checks
-from training.card_measure import load_preset
+from training import card, card_checks, card_measure
+from training.card_measure import SPEEDRUN, load_preset
+from training.card_report import STALE
+from training.errors import ConfigError
 
-SPEEDRUN_PATH = os.path.join('config', card.SPEEDRUN)
+SPEEDRUN_PATH = os.path.join('config', SPEEDRUN)
+GIB = 2 ** 30
 
 
 @pytest.fixture(scope='module')
@@ -148,22 +153,52 @@ def test_unjudged_gradients_are_reported_and_pass():
                                    noisy, noisy, exact)['passed']
 
 
-def test_the_speedrun_preset_comes_first_and_only_card_presets_are_listed():
-    names = [path.rsplit('/', 1)[-1] for path in card.preset_paths('config')]
-    assert names[0] == card.SPEEDRUN
-    assert 'speedrun_gpt2_8gb.py' in names and 'train_gpt2.py' not in names and 'eval_gpt2.py' not in names
+def test_the_speedrun_preset_comes_first_then_the_12gb_ones_then_the_rest_each_smallest_first():
+    names = [os.path.basename(path) for path in card.preset_paths('config')]
+    assert names[0] == SPEEDRUN and 'train_gpt2.py' not in names and 'eval_gpt2.py' not in names
     assert all(card.PRESET_PATTERN.search(name) for name in names)
+    twelve = [name for name in names if name.endswith('_12gb.py')]
+    assert names[:len(twelve)] == twelve
+    assert twelve.index('train_shakespeare_char_12gb.py') < twelve.index('train_openwebtext_12gb.py') < \
+        twelve.index('finetune_gpt2xl_12gb.py')
+    assert names.index('train_gpt2_6gb.py') < names.index('speedrun_gpt2_8gb.py') < \
+        names.index('finetune_gpt2large_8gb.py') < names.index('finetune_shakespeare_24gb.py')
 
 
-def test_hours_of_training_and_of_evaluations_apart_and_summed():
-    config = dict(max_iters=100, eval_interval=50, eval_iters=4, batch_size=8, eval_batch_size=2)
-    hours = card.run_hours(config, dict(step_seconds=36.0, eval_micro_batch_seconds=1.5))
-    # 100 steps of 36 s, and 3 evaluations (0, 50, 100) of 2 splits x 16 micro-batches of 1.5 s
-    assert hours == dict(train_hours=1.0, eval_hours=3 * 2 * 16 * 1.5 / 3600, hours=1.0 + 3 * 2 * 16 * 1.5 / 3600)
+def test_card_presets_are_picked_by_name_with_or_without_py_and_an_unknown_one_is_one_line():
+    paths = card.preset_paths('config')
+    assert [os.path.basename(p) for p in card.selected(paths, ['train_gpt2_4gb', SPEEDRUN])] == [
+        SPEEDRUN, 'train_gpt2_4gb.py']  # in the card's order
+    assert card.selected(paths, []) == paths
+    with pytest.raises(ConfigError, match=r"card_presets: train_gpt2_5gb.py is no card preset: use some of "
+                                          r"speedrun_gpt2_12gb.py, "):
+        card.selected(paths, ['train_gpt2_5gb'])
+
+
+def test_a_fingerprint_follows_the_preset_file_and_the_training_code_but_not_the_cards_report(tmp_path, monkeypatch):
+    preset = tmp_path / 'mine_12gb.py'
+    preset.write_text('batch_size = 8\n')
+    code = card.code_digest()
+    first = card.fingerprint(code, 'preset', str(preset))
+    assert card.fingerprint(code, 'preset', str(preset)) == first
+    preset.write_text('batch_size = 4\n')
+    assert card.fingerprint(code, 'preset', str(preset)) != first
+    assert card.fingerprint('other code', 'preset', str(preset)) != card.fingerprint(code, 'preset', str(preset))
+    read = []
+    monkeypatch.setattr(card, 'digest', lambda paths, seed='': read.extend(paths))
+    card.code_digest()
+    assert {'train.py', 'model.py', 'attention.py', 'chunked_loss.py', 'training/step.py',
+            'training/memory/estimate.py', 'training/phase_log.py'} <= set(read)
+    assert not [path for path in read if os.path.basename(path).startswith('card')]  # the card's own: PART_FILES
+    assert 'training/card_train.py' in card.PART_FILES['preset'] and 'training/card_checks.py' in \
+        card.PART_FILES['checks']
 
 
 NANOGPT_PATH = dict(micro_batch=[12, 1024], n_layer=12, n_embd=768, vocab_size=50304, dtype='bfloat16', eager_ratio=1.4,
                     compiled_ratio=0.98, ours_peak_bytes=2 ** 31, naive_peak_bytes=2 ** 32)
+PROFILED = dict(micro_batch=[1, 8192], micro_steps=64, compiled=True, dtype='bfloat16', optim='muon', seconds=2.0,
+                profiled_seconds=1.9, shares=dict(optimizer=0.1, attention=0.3, loss=0.05, matmul=0.4, other=0.15),
+                top=[dict(name='sm90_xmma_gemm_bf16', category='matmul', seconds=0.5, share=0.26)])
 
 
 def fake_check(passed):
@@ -172,101 +207,227 @@ def fake_check(passed):
                 tolerance=card_checks.NOISE_MULTIPLE)
 
 
-def test_the_report_gives_each_check_beside_its_noise_the_hours_and_why_a_preset_has_no_figures():
-    result = dict(device='NVIDIA H100', torch='2.11', seconds=300.0, scaled_down=False, checks={
-        'compiled against eager': fake_check(True), 'bf16 weights against fp32': fake_check(False),
-        'varlen kernel against masked': dict(skipped='no kernel')},
-        nanogpt_path=NANOGPT_PATH,
-        presets=[dict(preset='train_gpt2_4gb.py', estimated_peak_bytes=2 * 2 ** 30, estimated_total_bytes=3 * 2 ** 30,
-                      max_allocated_bytes=2 ** 31, max_reserved_bytes=2 ** 31 + 2 ** 29, compile_seconds=42.0,
-                      step_seconds=0.5, eval_micro_batch_seconds=0.05, tokens_per_s=100000.0, mfu=0.4,
-                      train_hours=1.5, eval_hours=0.25, hours=1.75, train_loop=dict(ok=True, seconds=30.0)),
-                 dict(preset='finetune_gpt2large_8gb.py', estimated_peak_bytes=2 ** 32, estimated_total_bytes=2 ** 33,
-                      stopped='stopped after 600 s (card_preset_seconds) while compiling'),
-                 dict(preset='finetune_gpt2xl_8gb.py', skipped='over the 1800 s budget (card_seconds)')],
-        speedrun=dict(tokens=917504000, train_hours=0.64, eval_hours=0.05, hours=0.69))
-    lines = card.markdown(result).splitlines()
-    assert lines[0] == '# NVIDIA H100'
-    assert ('| compiled against eager | pass | 5.2000 (5.1000) | 1.0e-04 (noise 2.0e-04) | 3.0e-03 (noise 1.0e-03), '
-            'lm_head.weight | 4x noise |') in lines
-    assert any(line.startswith('| bf16 weights against fp32 | FAIL | ') for line in lines)
-    assert '| varlen kernel against masked | skipped: no kernel | | | | |' in lines
-    assert any(line.startswith("nanoGPT's path, config/train_gpt2.py: micro-batch 12 x 1024, 12 layers") and
-               'eager 1.40x, compiled 0.98x; peak allocated GiB: ours 2.00, naive 4.00.' in line for line in lines)
-    assert ('| train_gpt2_4gb.py | 2.00 (3.00) | 2.00 | 2.50 | 42.0 | 0.500 | 0.0500 | 100,000 | 40.0% | 1.50 + 0.25 '
-            '| train.py: ok (30 s) |') in lines
-    assert ('| finetune_gpt2large_8gb.py | 4.00 (8.00) | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a + n/a '
-            '| stopped after 600 s (card_preset_seconds) while compiling |') in lines
-    assert any(line.startswith('| finetune_gpt2xl_8gb.py | n/a | ') and
-               line.endswith('| skipped: over the 1800 s budget (card_seconds) |') for line in lines)
-    assert lines[-1] == ('speedrun_gpt2_12gb.py: 917,504,000 tokens in 0.69 h at the measured rate: 0.64 h of training '
-                         'steps and 0.05 h of loss evaluations (HellaSwag\'s not included).')
+def fitting_row(name, reserved=9):
+    return dict(preset=name, card_gib=12, cap_bytes=11 * GIB, estimated_peak_bytes=8 * GIB,
+                estimated_total_bytes=10 * GIB, estimate_fits=True, phase_reached='done', fits=True,
+                max_allocated_bytes=8 * GIB, max_reserved_bytes=reserved * GIB, compile_seconds=40.0,
+                resume_compile_seconds=5.0, step_seconds=0.5, eval_micro_batch_seconds=0.05, tokens_per_s=1e5,
+                mfu=0.4, train_hours=1.5, eval_hours=0.25, hours=1.75, tokens=10 ** 9)
 
 
-def test_run_keeps_each_figure_as_it_comes_and_a_stopped_preset_stops_only_itself(monkeypatch, tmp_path):
-    """The children replaced: the checks, nanoGPT's path, a preset stopped at its limit, then one measured and its
-    train.py loop. The report is written after each, and each preset's row printed as it ends."""
-    def measured(job, seconds, progress):
-        if job['kind'] == 'checks':
-            return dict(device='a CPU', total_memory=None, checks={'compiled against eager': fake_check(True)})
-        if job['kind'] == 'nanogpt_path':
-            return NANOGPT_PATH
-        if job['name'] == card.SPEEDRUN:
-            return dict(stopped=f'stopped after {seconds} s (card_preset_seconds) while compiling')
-        return dict(compile_seconds=1.0, step_seconds=0.1, eval_micro_batch_seconds=0.01, tokens_per_s=10.0, mfu=None)
+@pytest.fixture
+def children(monkeypatch):
+    """The card's children replaced: each part as measured, except those named in `stopped` (stopped at their limit)
+    and the presets `lacks` names (skipped with its line). Returns (calls, stopped, lacks), what each run asked for
+    in order, and the two lists a test fills."""
+    calls, stopped, lacks, limits = [], [], {}, []
+
+    def measured(job, limit, progress):
+        limits.append(limit)
+        kind = job['kind']
+        calls.append(('checks', *job['checks']) if kind == 'checks' else kind)
+        if kind == 'device':
+            return dict(device='a CPU', total_memory=None, peak_flops=None, lacks=dict(lacks), phase='done')
+        if kind in stopped:
+            return dict(phase='timing', stopped=f'stopped after {limit[0]:.0f} s ({limit[1]}) while timing')
+        if kind == 'checks':
+            return dict(checks={name: fake_check(True) for name in job['checks']}, phase='done')
+        return dict(NANOGPT_PATH if kind == 'nanogpt_path' else {SPEEDRUN: PROFILED, 'train_gpt2.py': PROFILED},
+                    phase='done')
+
+    def run_preset(path, device, device_type, steps, limit, facts, progress):
+        name = os.path.basename(path)
+        calls.append(name)
+        if name in facts['lacks']:
+            return dict(preset=name, card_gib=12, cap_bytes=None, skipped=facts['lacks'][name])
+        if name in stopped:
+            return dict(preset=name, card_gib=12, cap_bytes=11 * GIB, phase_reached='step', fits=None,
+                        stopped=f'stopped after {limit[0]:.0f} s ({limit[1]}) while step')
+        return fitting_row(name)
     monkeypatch.setattr(card, 'measured', measured)
-    monkeypatch.setattr(card, 'train_loop', lambda *args: dict(ok=True, seconds=2.0))
-    kept, printed = [], []
-
-    def keep(result):
-        card.write_report(result, tmp_path / 'card')
-        kept.append(json.loads((tmp_path / 'card.json').read_text()))
-    result = card.run('cpu', 'cpu', [card.SPEEDRUN, 'train_gpt2_4gb.py'], preset_seconds=7, progress=printed.append,
-                      keep=keep)
-    assert kept[0]['device'] == 'a CPU' and list(kept[0]['checks']) == ['compiled against eager']
-    assert kept[0]['nanogpt_path'] is None and kept[1]['nanogpt_path'] == NANOGPT_PATH
-    assert [[row['preset'] for row in k['presets']] for k in kept[1:]] == [
-        [], [card.SPEEDRUN], [card.SPEEDRUN, 'train_gpt2_4gb.py'], [card.SPEEDRUN, 'train_gpt2_4gb.py']]
-    stopped, measured_row = result['presets']
-    assert stopped['stopped'] == 'stopped after 7 s (card_preset_seconds) while compiling'
-    assert 'train_loop' not in stopped and 'speedrun' not in result
-    assert measured_row['train_loop'] == dict(ok=True, seconds=2.0) and measured_row['hours'] > 0
-    rows = [line for line in printed if line.startswith('| ')]
-    assert rows[0].startswith(f'| {card.SPEEDRUN} | ') and rows[1].startswith('| train_gpt2_4gb.py | ')
-    assert (tmp_path / 'card.md').read_text() == card.markdown(result)
-    plain = tmp_path / 'plain'  # the reports readable as any file the user writes: the umask's permissions
-    plain.write_text('')
-    assert {(tmp_path / f'card.{ext}').stat().st_mode for ext in ('md', 'json')} == {plain.stat().st_mode}
-    assert sorted(path.name for path in tmp_path.iterdir()) == ['card.json', 'card.md', 'plain']  # no temporary left
+    monkeypatch.setattr(card, 'run_preset', run_preset)
+    return calls, stopped, lacks, limits
 
 
-def test_checks_stopped_at_their_limit_keep_the_ones_done_and_say_so(monkeypatch):
-    stopped = dict(device='a CPU', total_memory=None, checks={'compiled against eager': fake_check(True)},
-                   stopped='stopped after 7 s (card_preset_seconds) while varlen kernel against masked')
-    monkeypatch.setattr(card, 'measured', lambda job, *args: stopped if job['kind'] == 'checks' else {})
-    result = card.run('cpu', 'cpu', ['none.py'], preset_seconds=7, progress=lambda line: None)
-    assert list(result['checks']) == ['compiled against eager']
-    line = 'checks: stopped after 7 s (card_preset_seconds) while varlen kernel against masked'
-    assert line in card.markdown(result).splitlines()
+CHECK_NAMES = tuple(name for name, _ in card_checks.CHECKS)
+
+
+def test_a_second_run_with_the_same_report_measures_only_what_the_first_did_not(children, tmp_path):
+    calls, *_ = children
+    report, lines = tmp_path / 'card', []
+    first = card.run('cpu', 'cpu', [SPEEDRUN], report=report, progress=lines.append)
+    assert calls == ['device', ('checks', *CHECK_NAMES), SPEEDRUN, 'nanogpt_path', 'profile']
+    assert json.loads((tmp_path / 'card.json').read_text()) == first  # written after the last part too
+    assert [row['preset'] for row in first['presets']] == [SPEEDRUN] and first['presets'][0]['fingerprint']
+    assert first['profile']['fingerprint'] and all(check['fingerprint'] for check in first['checks'].values())
+    assert any(line.startswith(f'| {SPEEDRUN} | 12 GB | 11.00 | ') for line in lines)  # each row printed as it ends
+    calls.clear()
+    second = card.run('cpu', 'cpu', [SPEEDRUN, 'train_gpt2_4gb.py'], report=report, progress=lines.append)
+    assert calls == ['device', 'train_gpt2_4gb.py']
+    assert [run['measured'] for run in second['runs']] == [
+        [f"checks: {', '.join(CHECK_NAMES)}", SPEEDRUN, "nanoGPT's path", 'profile'], ['train_gpt2_4gb.py']]
+    calls.clear()
+    card.run('cpu', 'cpu', [SPEEDRUN, 'train_gpt2_4gb.py'], report=report, progress=lines.append)
+    assert calls == ['device']
+
+
+def test_never_measured_parts_come_first_then_stopped_ones_then_stale_ones(children, tmp_path):
+    calls, stopped, _, _ = children
+    report = tmp_path / 'card'
+    stopped.append('train_gpt2_4gb.py')
+    card.run('cpu', 'cpu', [SPEEDRUN, 'train_gpt2_4gb.py'], report=report, progress=lambda line: None)
+    saved = json.loads((tmp_path / 'card.json').read_text())
+    assert 'fingerprint' not in saved['presets'][1] and saved['presets'][1]['stopped'].endswith(' while step')
+    saved['presets'][0]['fingerprint'] = 'made by other code'
+    saved['nanogpt_path'].pop('fingerprint')  # an earlier card's: no fingerprint, so stale too
+    (tmp_path / 'card.json').write_text(json.dumps(saved))
+    stopped.clear()
+    calls.clear()
+    waiting = card.run('cpu', 'cpu', [SPEEDRUN, 'train_gpt2_4gb.py', 'train_gpt2_6gb.py'], seconds=0, report=report,
+                       progress=lambda line: None)  # no time: nothing measured, the order said
+    assert calls == ['device'] and waiting['runs'][-1]['left'] == [
+        'train_gpt2_6gb.py', 'train_gpt2_4gb.py', SPEEDRUN, "nanoGPT's path"]
+    assert waiting['presets'][0]['stale'] and STALE in (tmp_path / 'card.md').read_text()
+    calls.clear()
+    done = card.run('cpu', 'cpu', [SPEEDRUN, 'train_gpt2_4gb.py', 'train_gpt2_6gb.py'], report=report,
+                    progress=lambda line: None)
+    assert calls == ['device', 'train_gpt2_6gb.py', 'train_gpt2_4gb.py', SPEEDRUN, 'nanogpt_path']
+    assert [row['preset'] for row in done['presets']] == [SPEEDRUN, 'train_gpt2_4gb.py', 'train_gpt2_6gb.py']
+    assert not any('stale' in row for row in done['presets']) and STALE not in (tmp_path / 'card.md').read_text()
+
+
+def test_a_stale_result_stays_where_its_new_attempt_is_stopped_and_the_card_ends_at_card_seconds(children, tmp_path):
+    calls, stopped, _, limits = children
+    report = tmp_path / 'card'
+    card.run('cpu', 'cpu', [SPEEDRUN], report=report, progress=lambda line: None)
+    saved = json.loads((tmp_path / 'card.json').read_text())
+    saved['profile']['fingerprint'] = 'made by other code'
+    (tmp_path / 'card.json').write_text(json.dumps(saved))
+    stopped.append('profile')
+    limits.clear()
+    result = card.run('cpu', 'cpu', [SPEEDRUN], seconds=100, part_seconds=600, report=report,
+                      progress=lambda line: None)
+    assert limits[-1][1] == 'card_seconds' and limits[-1][0] <= 100  # the card's end comes before the part's limit
+    assert result['profile'][SPEEDRUN] == PROFILED and result['profile']['stale']
+    assert result['profile']['last_attempt'].startswith('stopped after ') and \
+        result['profile']['last_attempt'].endswith('(card_seconds) while timing')
+
+
+def test_a_preset_this_machine_lacks_a_library_for_is_skipped_with_that_line_and_measured_once_it_has_it(children,
+                                                                                                         tmp_path):
+    calls, _, lacks, _ = children
+    report = tmp_path / 'card'
+    lacks['finetune_gpt2xl_12gb.py'] = "optim='adamw_8bit' needs torchao (No module named 'torchao'): pip install"
+    skipped = card.run('cpu', 'cpu', ['finetune_gpt2xl_12gb.py'], report=report, progress=lambda line: None)
+    assert skipped['presets'] == [dict(preset='finetune_gpt2xl_12gb.py', card_gib=12, cap_bytes=None,
+                                       skipped=lacks['finetune_gpt2xl_12gb.py'])]
+    assert f"| skipped: {lacks['finetune_gpt2xl_12gb.py']} |" in (tmp_path / 'card.md').read_text()
+    lacks.clear()
+    calls.clear()
+    measured = card.run('cpu', 'cpu', ['finetune_gpt2xl_12gb.py'], report=report, progress=lambda line: None)
+    assert calls == ['device', 'finetune_gpt2xl_12gb.py'] and measured['presets'][0]['fits']
+
+
+def test_the_checks_stopped_at_their_limit_keep_the_ones_done_and_the_rest_run_next_time(children, monkeypatch,
+                                                                                         tmp_path):
+    calls, *_ = children
+    fake = card.measured
+    first, running, *rest = CHECK_NAMES
+
+    def measured(job, limit, progress):
+        if job['kind'] != 'checks':
+            return fake(job, limit, progress)
+        calls.append(('checks', *job['checks']))
+        return dict(checks={first: fake_check(True)}, phase=running,
+                    stopped=f'stopped after 7 s (card_preset_seconds) while {running}')
+    monkeypatch.setattr(card, 'measured', measured)
+    result = card.run('cpu', 'cpu', [SPEEDRUN], part_seconds=7, report=tmp_path / 'card', progress=lambda line: None)
+    assert list(result['checks']) == [first, running] and result['checks'][first]['fingerprint']
+    assert result['checks'][running] == {'stopped': f'stopped after 7 s (card_preset_seconds) while {running}'}
+    assert f'| {running} | stopped after 7 s (card_preset_seconds) while {running} | | | | |' in \
+        (tmp_path / 'card.md').read_text()
+    monkeypatch.setattr(card, 'measured', fake)
+    calls.clear()
+    card.run('cpu', 'cpu', [SPEEDRUN], report=tmp_path / 'card', progress=lambda line: None)
+    assert calls == ['device', ('checks', running, *rest)]
+
+
+def test_a_report_of_another_gpu_or_torch_is_refused_in_one_line(children, tmp_path):
+    (tmp_path / 'card.json').write_text(json.dumps(dict(device='NVIDIA H200', torch='2.11.0+cu130', presets=[])))
+    version = torch.__version__.split('+')[0]
+    with pytest.raises(ConfigError, match=rf"card_report={tmp_path / 'card'} is the report of NVIDIA H200 with torch "
+                                          rf"2.11.0\+cu130, not of this a CPU with torch {version}"):
+        card.run('cpu', 'cpu', [SPEEDRUN], report=tmp_path / 'card', progress=lambda line: None)
+    (tmp_path / 'card.json').write_text('{"device": ')
+    with pytest.raises(ConfigError, match=r'card\.json cannot be read as a card report \(.*\): name another path'):
+        card.run('cpu', 'cpu', [SPEEDRUN], report=tmp_path / 'card', progress=lambda line: None)
+
+
+def test_an_earlier_cards_report_keeps_its_checks_as_stale_and_measures_its_presets_again(children, tmp_path):
+    """The H200's report of the card before this one: its preset row was measured outside train.py, without a cap."""
+    with open(os.path.join(card_measure.ROOT, 'docs', 'cards', 'nvidia-h200-torch2.11.json')) as f:
+        earlier = json.load(f)
+    (tmp_path / 'card.json').write_text(json.dumps(dict(earlier, device='a CPU', torch=torch.__version__)))
+    calls, *_ = children
+    lines = []
+    result = card.run('cpu', 'cpu', [SPEEDRUN], seconds=0, report=tmp_path / 'card', progress=lines.append)
+    assert result['presets'] == [] and f'card: {SPEEDRUN}: measured by an earlier card, outside train.py and ' \
+                                       f'without a cap: measured again' in lines
+    assert all(check['stale'] for check in result['checks'].values()) and result['nanogpt_path']['stale']
+    left = result['runs'][-1]['left']
+    assert left[-1] == "nanoGPT's path" and left.index(SPEEDRUN) < left.index('profile')  # never measured, then stale
+
+
+@pytest.fixture
+def only_presets(monkeypatch):
+    """The card's children but the presets' train.py runs replaced (the device a CPU, the other parts measured)."""
+    def measured(job, limit, progress):
+        if job['kind'] == 'device':
+            return dict(device='a CPU', total_memory=None, peak_flops=None, lacks={}, phase='done')
+        if job['kind'] == 'checks':
+            return dict(checks={name: fake_check(True) for name in job['checks']}, phase='done')
+        return dict(NANOGPT_PATH if job['kind'] == 'nanogpt_path' else {SPEEDRUN: PROFILED}, phase='done')
+    monkeypatch.setattr(card, 'measured', measured)
+    monkeypatch.setenv('PYTHONPATH', str(PATCHES))
 
 
 @pytest.mark.slow
-def test_a_preset_hung_in_compilation_is_stopped_at_its_limit_with_its_phase(monkeypatch):
-    """A child process whose torch.compile never returns (tests/patches/hung_compile.py) is ended at the preset's
-    limit: the row says so, with the phase it was in, and the estimate made before it."""
+def test_an_out_of_memory_error_at_the_evaluation_is_a_fail_row_naming_it_and_the_card_goes_on(only_presets,
+                                                                                               monkeypatch, tmp_path):
+    """train.py's first evaluation raises CUDA's out-of-memory error (tests/patches/forward_fault.py) in each preset:
+    each row is a FAIL at the evaluation, with train.py's line, and the card measures the next preset."""
+    monkeypatch.setenv('TESTS_PATCHES', 'forward_fault')
+    monkeypatch.setenv('FORWARD_FAULT', 'oom evaluation 1')
+    result = card.run('cpu', 'cpu', [SPEEDRUN, 'train_gpt2_4gb.py'], report=tmp_path / 'card',
+                      progress=lambda line: None)
+    assert [row['preset'] for row in result['presets']] == [SPEEDRUN, 'train_gpt2_4gb.py']
+    for row in result['presets']:
+        assert row['fits'] is False and row['phase_reached'] == 'evaluation', row
+        assert row['error'].startswith('error: out of memory during evaluation at micro-batch 2.')
+        assert row['estimated_peak_bytes'] > 0 and 'step_seconds' not in row and row['fingerprint']
+    assert f'| FAIL at evaluation: error: out of memory during evaluation at micro-batch 2. |' in \
+        (tmp_path / 'card.md').read_text()
+
+
+@pytest.mark.slow
+def test_a_failing_step_is_an_error_row_at_the_step_not_a_fail(only_presets, monkeypatch, tmp_path):
+    monkeypatch.setenv('TESTS_PATCHES', 'forward_fault')
+    monkeypatch.setenv('FORWARD_FAULT', 'nan training 1')
+    [row] = card.run('cpu', 'cpu', ['train_gpt2_4gb.py'], report=tmp_path / 'card', progress=lambda line: None)[
+        'presets']
+    assert row['fits'] is None and row['phase_reached'] == 'step'
+    assert row['error'].startswith('error: the training loss is nan at iter 0'), row
+
+
+@pytest.mark.slow
+def test_a_check_hung_in_compilation_is_stopped_at_its_limit_with_its_phase(monkeypatch):
+    """A child process whose torch.compile never returns (tests/patches/hung_compile.py) is ended at its limit: the
+    result says so, with the check it was in."""
     monkeypatch.setenv('PYTHONPATH', str(PATCHES))
     monkeypatch.setenv('TESTS_PATCHES', 'hung_compile')
     printed = []
-    row = card.run_preset(SPEEDRUN_PATH, 'cpu', 'cpu', True, None, 1, 20, printed.append)
-    assert row['stopped'] == 'stopped after 20 s (card_preset_seconds) while compiling'
-    assert row['estimated_peak_bytes'] > 0 and 'step_seconds' not in row and 'train_loop' not in row
-    assert f'{card.SPEEDRUN}: compiling' in printed
-
-
-@pytest.mark.slow
-def test_train_loop_says_which_run_failed_and_its_error_line():
-    config, overrides, model_args = load_preset(SPEEDRUN_PATH, tiny=True)
-    phases = []
-    loop = card.train_loop(SPEEDRUN_PATH, config, dict(overrides, n_head=3), model_args, True, 120, phases.append)
-    assert not loop['ok'] and loop['seconds'] > 0 and phases == [f'{card.SPEEDRUN}: train.py loop']
-    assert loop['error'].startswith('train.py loop: ') and 'n_head' in loop['error'], loop
+    job = dict(kind='checks', name='check', checks=['compiled against eager'], path=os.path.abspath(SPEEDRUN_PATH),
+               device='cpu', device_type='cpu', tiny=True)
+    row = card.measured(job, (20, 'card_preset_seconds'), printed.append)
+    assert row['stopped'] == 'stopped after 20 s (card_preset_seconds) while compiled against eager'
+    assert row['phase'] == 'compiled against eager' and 'check: compiled against eager' in printed

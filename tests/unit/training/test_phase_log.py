@@ -26,5 +26,5 @@ def test_a_line_cut_short_by_a_kill_ends_the_log_and_a_missing_log_is_empty(tmp_
 def test_no_path_writes_nothing_and_an_unwritable_one_is_one_line(tmp_path):
     PhaseLog('').enter('build')
     assert list(tmp_path.iterdir()) == []
-    with pytest.raises(ConfigError, match=r"phase_log='.*missing/phases' cannot be written \(.*\): pass a writable path"):
+    with pytest.raises(ConfigError, match=r"phase_log='.*missing/phases' cannot be written \(.*\): pass a writable"):
         PhaseLog(str(tmp_path / 'missing' / 'phases'))
