@@ -11,6 +11,8 @@ memory/        the memory tracer, the estimate before launch, the advice after a
 hellaswag.py   HellaSwag's validation set and its scoring (hellaswag.py, train.py's hellaswag key)
 paths.py       where relative paths point, and the check that out_dir can be written
 errors.py      ConfigError and fail(): one line, exit status 2
-card.py        bench.py --mode=card: its parts in child processes (card_measure.py), its checks (card_checks.py),
-               its report
+phase_log.py   train.py's phase_log: a JSON line as each phase begins, with its time and peak memory
+card.py        bench.py --mode=card: its parts, their order and fingerprints, in child processes (card_measure.py):
+               its checks (card_checks.py), train.py on each preset under its card's cap (card_train.py), the profile
+               (card_profile.py); its report (card_report.py)
 """

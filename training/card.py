@@ -114,9 +114,10 @@ def state(entry, current):
 
 
 def kept(old, new):
-    """The entry to keep: the new one, but an earlier result (stale) where the new attempt was stopped."""
-    if old is not None and 'stopped' in new and 'stopped' not in old:
-        return dict(old, last_attempt=new['stopped'])
+    """The entry to keep: the new one, but an earlier result (stale) where the new attempt measured nothing: stopped
+    by a limit, or skipped for what this machine lacks."""
+    if old is not None and 'fingerprint' in old and ('stopped' in new or 'skipped' in new):
+        return dict(old, last_attempt=new.get('stopped') or f"skipped: {new['skipped']}")
     return new
 
 
@@ -162,12 +163,12 @@ def continued(previous, facts, tiny, report, progress):
 
 def plan(result, paths, code):
     """The parts to measure now, in order: (state, position, kind, what: the checks' names or a preset's path)."""
-    parts = []
-    current = fingerprint(code, 'checks')
-    checks = {name: state(result['checks'].get(name), current) for name, _ in card_checks.CHECKS}
-    due = [name for name, due_state in checks.items() if due_state is not None]
-    if due:
-        parts.append((min(checks[name] for name in due), 0, 'checks', due))
+    current, due = fingerprint(code, 'checks'), {}
+    for name, _ in card_checks.CHECKS: # the checks in a part for each state: a new check does not wait for stale ones
+        check_state = state(result['checks'].get(name), current)
+        if check_state is not None:
+            due.setdefault(check_state, []).append(name)
+    parts = [(check_state, 0, 'checks', names) for check_state, names in due.items()]
     rows = {row['preset']: row for row in result['presets']}
     for position, path in enumerate(paths, 1):
         row = rows.get(os.path.basename(path))

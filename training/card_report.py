@@ -8,13 +8,14 @@ import json
 import os
 import sys
 
-from training.card_checks import CHECK_STEPS
+from training.card_checks import CHECK_STEPS, CHECKS
 from training.card_measure import NANOGPT_CONFIG, SPEEDRUN, write_atomically
 from training.card_profile import CATEGORIES, OTHER
 from training.errors import ConfigError, first_line
 
 GIB = 2 ** 30
 STALE = ' (stale: measured with another version of its code or preset)'
+CHECK_NAMES = [name for name, _ in CHECKS]
 CATEGORY_NAMES = {'attention': 'attention', 'matmul': 'matmuls', 'loss': 'the loss', 'optimizer': 'the optimizer',
                   OTHER: 'other'}
 
@@ -162,11 +163,12 @@ def markdown(result):
     lines = [f"# {result['device']}", '',
              f"torch {result['torch']}; {len(runs)} run{'s' if len(runs) != 1 else ''} of the card: " +
              '; '.join(f"{run['seconds']:.0f} s, {len(run['measured'])} parts measured" for run in runs) + '.', '']
-    if result['checks']:
-        lines += ['| check | result | loss (reference) | loss difference | largest gradient difference, parameter '
-                  '| tolerance |', '|---|---|---|---|---|---|']
-        lines += [check_line(name, check) for name, check in result['checks'].items()]
-        lines.append('')
+    lines += ['| check | result | loss (reference) | loss difference | largest gradient difference, parameter '
+              '| tolerance |', '|---|---|---|---|---|---|']
+    names = [*CHECK_NAMES, *(name for name in result['checks'] if name not in CHECK_NAMES)]
+    lines += [check_line(name, result['checks'][name]) if name in result['checks'] else
+              f'| {name} | not yet measured | | | | |' for name in names]
+    lines.append('')
     rows = {row['preset']: row for row in result['presets']}
     lines += ['| preset | card | cap GiB | estimate GiB: peak (total) | max allocated / reserved GiB | phase reached '
               '| result | compile s (resumed) | s/step | s/eval micro-batch | tokens/s | MFU | hours: train + eval |',

@@ -139,7 +139,7 @@ def run_preset(path, device, device_type, steps, limit, facts, progress):
                                   limit[0] - (time.perf_counter() - start), name, progress, meanwhile))
             if runs[-1].status != 0:
                 break
-    row.update(outcome(runs, limit, cap is not None))
+    row.update(outcome(runs, limit, cap))
     if row['phase_reached'] == 'done':
         row.update(figures(config, model_args, runs, facts['peak_flops'], compiled))
     return dict(row, seconds=time.perf_counter() - start)
@@ -154,15 +154,18 @@ def phase_reached(runs):
     return phase if phase in ('resume', 'done') else f'{phase} after resume'
 
 
-def outcome(runs, limit, capped):
-    """phase_reached, and `fits`: True where both runs ended under the cap, False where one ran out of memory (the
-    FAIL, with its line), None without a cap or where a run stopped at its limit (`stopped`) or failed otherwise
-    (`error`, its last line)."""
+def outcome(runs, limit, cap):
+    """phase_reached, and `fits`: True where both runs ended under the cap (bytes), False where one ran out of memory
+    (the FAIL, with its line), None without a cap or where a run stopped at its limit (`stopped`) or failed otherwise
+    (`error`, its last line; or the cap did not hold)."""
     run, phase = runs[-1], phase_reached(runs)
     row = dict(phase_reached=phase, fits=None, max_allocated_bytes=peak(runs, 'max_allocated_bytes'),
                max_reserved_bytes=peak(runs, 'max_reserved_bytes'))
-    if run.status == 0:
-        row['fits'] = True if capped else None
+    if run.status == 0 and cap is not None and row['max_reserved_bytes'] > cap: # never proof of fitting the card
+        row['error'] = (f"the allocator reserved {row['max_reserved_bytes'] / em.GIB:.2f} GiB, beyond the cap of "
+                        f"{cap / em.GIB:.2f} GiB: the cap did not hold")
+    elif run.status == 0:
+        row['fits'] = True if cap is not None else None
     elif run.status is None:
         row['stopped'] = f'stopped after {limit[0]:.0f} s ({limit[1]}) while {phase}'
     elif run.out_of_memory:

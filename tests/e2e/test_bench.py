@@ -1,7 +1,9 @@
-"""bench.py: both modes on tiny shapes (seconds), and its one-line errors. No timings."""
+"""bench.py: each mode on tiny shapes (seconds; the card's two runs a few minutes), and its one-line errors. No
+timings, but that a card run with a complete report is much faster than the run that made it."""
 import json
 import math
 import re
+import time
 
 import pytest
 
@@ -9,6 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from helpers import patched_env, run_script
+from training.card_checks import CHECKS
+from training.card_measure import SPEEDRUN
 
 
 TINY_TRAIN = ['--device=cpu', '--compile=False', '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16',
@@ -156,20 +160,33 @@ def test_sample_mode_times_generate_with_and_without_the_cache_and_they_agree():
     assert result.stdout.splitlines()[-1].endswith('x, same tokens: True')
 
 
-def test_card_mode_on_a_cpu_checks_measures_and_runs_train_py_scaled_down_and_writes_its_report(tmp_path):
-    """The card command's own code at a CPU's scale, the varlen kernel's CPU stand-in given to it
-    (patches/card_varlen_stand_in.py): the three checks pass on randomized weights (losses away from ln(V), nonzero
-    gradient differences), nanoGPT's path, the speedrun preset's compile, step and evaluation times and its hours,
-    train.py's loop with its resume; the phases as they run, the row as soon as it is measured, card.md and
+@pytest.fixture(scope='module')
+def card_runs(tmp_path_factory):
+    """The card on a CPU twice with one report, the varlen kernel's CPU stand-in given to it
+    (patches/card_varlen_stand_in.py): first the speedrun preset (with the checks, nanoGPT's path and the profile),
+    then the speedrun preset and train_gpt2_4gb.py. (The report's path, [(each completed run, its seconds, card.json
+    and card.md after it)])."""
+    report = tmp_path_factory.mktemp('card') / 'card'
+    runs = []
+    for presets in (SPEEDRUN, f'{SPEEDRUN},train_gpt2_4gb'):
+        start = time.perf_counter()
+        result = run_script('bench.py', '--mode=card', '--device=cpu', '--card_steps=2', f'--card_report={report}',
+                            f'--card_presets={presets}', env=patched_env('card_varlen_stand_in'), timeout=900)
+        runs.append((result, time.perf_counter() - start, json.loads(report.with_suffix('.json').read_text()),
+                     report.with_suffix('.md').read_text()))
+    return report, runs
+
+
+def test_card_mode_on_a_cpu_checks_runs_train_py_on_a_preset_and_profiles_scaled_down(card_runs):
+    """The card command's own code at a CPU's scale: the three checks pass on randomized weights (losses away from
+    ln(V), nonzero gradient differences); train.py on the speedrun preset through every phase, its figures from its
+    phase log and its hours; nanoGPT's path; the profile's top operators; the lines as they run, card.md and
     card.json."""
-    report = tmp_path / 'card'
-    result = run_script('bench.py', '--mode=card', '--device=cpu', '--card_steps=2', f'--card_report={report}',
-                        '--card_presets=speedrun_gpt2_12gb.py', env=patched_env('card_varlen_stand_in'), timeout=900)
+    report, [(result, _, data, markdown), _] = card_runs
     assert result.returncode == 0, result.stderr
-    data = json.loads((tmp_path / 'card.json').read_text())
-    assert data['scaled_down'] and list(data['checks']) == ['compiled against eager', 'varlen kernel against masked',
-                                                            'bf16 weights against fp32']
-    for name, check in data['checks'].items():
+    assert data['scaled_down'] and list(data['checks']) == [name for name, _ in CHECKS]
+    for name in ('compiled against eager', 'varlen kernel against masked', 'bf16 weights against fp32'):
+        check = data['checks'][name]
         assert check['passed'], (name, check)
         assert abs(check['loss'] - math.log(96)) > 0.1 and check['gradient_difference'] > 0  # TINY's vocabulary
         assert check['parameters'] == 16  # every parameter's gradient compared: the tiny record model's
@@ -177,21 +194,53 @@ def test_card_mode_on_a_cpu_checks_measures_and_runs_train_py_scaled_down_and_wr
     assert path['vocab_size'] == 50304 and path['eager_ratio'] > 0 and path['compiled_ratio'] > 0
     assert path['ours_peak_bytes'] is None and path['naive_peak_bytes'] is None  # CUDA only
     [row] = data['presets']
-    assert row['preset'] == 'speedrun_gpt2_12gb.py' and row['fits'] and row['estimated_peak_bytes'] > 0
-    assert row['compile_seconds'] > 0 and row['step_seconds'] > 0 and row['eval_micro_batch_seconds'] > 0
+    assert row['preset'] == SPEEDRUN and row['card_gib'] == 12 and row['cap_bytes'] is None and row['fits'] is None
+    assert row['phase_reached'] == 'done' and row['estimated_peak_bytes'] > 0 and row['estimate_fits']
+    assert row['step_seconds'] > 0 and row['eval_micro_batch_seconds'] > 0 and row['resume_seconds'] > 0
+    assert 'compile_seconds' not in row  # eager on a CPU: no compilation to measure
     assert row['train_hours'] == pytest.approx(1390 * row['step_seconds'] / 3600)
-    assert row['eval_hours'] > 0 and row['hours'] == row['train_hours'] + row['eval_hours']
-    assert row['train_loop']['ok'], row['train_loop']
-    assert data['speedrun']['tokens'] == 1390 * 2 * 64 * 2 and data['speedrun']['hours'] == row['hours']
+    assert row['tokens'] == 1390 * 2 * 64 * 2 and row['hours'] == row['train_hours'] + row['eval_hours']
+    for label in (SPEEDRUN, 'train_gpt2.py'):
+        profiled = data['profile'][label]
+        assert profiled['compiled'] and profiled['seconds'] > 0 and sum(profiled['shares'].values()) == \
+            pytest.approx(1.0)
+        assert len(profiled['top']) == 12 and profiled['top'][0]['seconds'] >= profiled['top'][-1]['seconds']
+    assert any(top['name'].startswith('aten::_scaled_dot_product') and top['category'] == 'attention'
+               for top in data['profile'][SPEEDRUN]['top'])
     lines = result.stdout.splitlines()
-    phases = [f'speedrun_gpt2_12gb.py: {phase}' for phase in ('building', 'compiling', 'timing', 'evaluating',
-                                                              'train.py loop', 'train.py resume')]
-    assert [line for line in lines if line in phases] == phases
-    row_line = next(i for i, line in enumerate(lines) if line.startswith('| speedrun_gpt2_12gb.py | '))
+    assert [line for line in lines if line in (f'{SPEEDRUN}: train.py', f'{SPEEDRUN}: train.py resume')] == [
+        f'{SPEEDRUN}: train.py', f'{SPEEDRUN}: train.py resume']
+    assert f'{SPEEDRUN}: saving checkpoint to ' in result.stdout and f'{SPEEDRUN}: Resuming training from ' in \
+        result.stdout
+    row_line = next(i for i, line in enumerate(lines) if line.startswith(f'| {SPEEDRUN} | 12 GB | '))
     assert row_line < lines.index('# cpu (presets scaled down)')  # printed as measured, before the report
-    markdown = (tmp_path / 'card.md').read_text()
     assert markdown.startswith('# cpu (presets scaled down)\n')
-    assert markdown.count('| pass | ') == 3 and "nanoGPT's path, config/train_gpt2.py: micro-batch 2 x 64" in markdown
-    assert lines[row_line] + '\n' in markdown and lines[row_line].endswith(' s) |')
-    assert 'speedrun_gpt2_12gb.py (scaled down: not the real budget): 355,840 tokens in ' in markdown
-    assert f'wrote {report}.md and {report}.json' in result.stdout
+    assert all(f'\n| {name} | pass | ' in markdown for name in ('compiled against eager', 'varlen kernel against masked',
+                                                               'bf16 weights against fp32'))
+    assert "nanoGPT's path, config/train_gpt2.py: micro-batch 2 x 64" in markdown
+    assert lines[row_line] + '\n' in markdown and '| done | ran every phase, no cap (a CPU) |' in lines[row_line]
+    assert '| train_gpt2_4gb.py |  | n/a | n/a | n/a / n/a |  | not yet measured |' in markdown
+    assert f'{SPEEDRUN} (scaled down: not the real budget): 355,840 tokens in ' in markdown
+    assert f"Profile of config/{SPEEDRUN}'s step (2 micro-batches of 2 x 64, bfloat16, muon, compiled): " in markdown
+    assert f'wrote {report}.md and {report}.json (' in result.stdout
+
+
+def test_a_second_card_run_with_the_same_report_measures_only_what_it_lacks_in_a_fraction_of_the_time(card_runs):
+    _, [(_, first_seconds, _, _), (second, second_seconds, data, _)] = card_runs
+    assert second.returncode == 0, second.stderr
+    assert [run['measured'] for run in data['runs']][1] == ['train_gpt2_4gb.py']
+    assert [row['preset'] for row in data['presets']] == [SPEEDRUN, 'train_gpt2_4gb.py']
+    assert data['presets'][1]['phase_reached'] == 'done' and data['presets'][1]['card_gib'] == 4
+    assert f'card: cpu (presets scaled down), torch {torch.__version__}: train_gpt2_4gb.py to measure' in \
+        second.stdout
+    assert second_seconds <= first_seconds / 3, (first_seconds, second_seconds)
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--card_presets=train_gpt2_5gb'], 'error: card_presets: train_gpt2_5gb.py is no card preset: use some of '),
+    (['--card_steps=0'], 'error: card_steps=0 must be at least 1: the timed steps of each preset'),
+])
+def test_card_mode_refuses_an_unknown_preset_and_no_timed_steps_in_one_line(tmp_path, args, message):
+    result = run_script('bench.py', '--mode=card', '--device=cpu', f'--card_report={tmp_path / "card"}', *args)
+    assert result.returncode == 2 and result.stderr.startswith(message) and result.stderr.count('\n') == 1
+    assert list(tmp_path.iterdir()) == []

@@ -313,6 +313,16 @@ def test_a_stale_result_stays_where_its_new_attempt_is_stopped_and_the_card_ends
         result['profile']['last_attempt'].endswith('(card_seconds) while timing')
 
 
+def test_an_earlier_result_stays_where_a_new_attempt_measured_nothing_and_only_a_result_does():
+    old = dict(fitting_row(SPEEDRUN), fingerprint='made by other code', stale=True)
+    stopped = dict(preset=SPEEDRUN, stopped='stopped after 9 s (card_seconds) while step')
+    assert card.kept(old, stopped) == dict(old, last_attempt='stopped after 9 s (card_seconds) while step')
+    assert card.kept(old, dict(preset=SPEEDRUN, skipped='needs torchao'))['last_attempt'] == 'skipped: needs torchao'
+    failed = dict(preset=SPEEDRUN, fits=False, phase_reached='step', error='out of memory', fingerprint='new')
+    assert card.kept(old, failed) is failed
+    assert card.kept(dict(preset=SPEEDRUN, skipped='needs torchao'), stopped) is stopped  # a skip is no result
+
+
 def test_a_preset_this_machine_lacks_a_library_for_is_skipped_with_that_line_and_measured_once_it_has_it(children,
                                                                                                          tmp_path):
     calls, _, lacks, _ = children
@@ -349,7 +359,7 @@ def test_the_checks_stopped_at_their_limit_keep_the_ones_done_and_the_rest_run_n
     monkeypatch.setattr(card, 'measured', fake)
     calls.clear()
     card.run('cpu', 'cpu', [SPEEDRUN], report=tmp_path / 'card', progress=lambda line: None)
-    assert calls == ['device', ('checks', running, *rest)]
+    assert calls == ['device', *([('checks', *rest)] if rest else []), ('checks', running)]  # never measured first
 
 
 def test_a_report_of_another_gpu_or_torch_is_refused_in_one_line(children, tmp_path):
@@ -374,8 +384,9 @@ def test_an_earlier_cards_report_keeps_its_checks_as_stale_and_measures_its_pres
     assert result['presets'] == [] and f'card: {SPEEDRUN}: measured by an earlier card, outside train.py and ' \
                                        f'without a cap: measured again' in lines
     assert all(check['stale'] for check in result['checks'].values()) and result['nanogpt_path']['stale']
-    left = result['runs'][-1]['left']
-    assert left[-1] == "nanoGPT's path" and left.index(SPEEDRUN) < left.index('profile')  # never measured, then stale
+    left = result['runs'][-1]['left']  # never measured, then the stale checks and nanoGPT's path
+    assert left[-2:] == ["checks: compiled against eager, varlen kernel against masked, bf16 weights against fp32",
+                         "nanoGPT's path"] and left.index(SPEEDRUN) < left.index('profile')
 
 
 @pytest.fixture

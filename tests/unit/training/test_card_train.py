@@ -101,20 +101,23 @@ def test_the_phase_reached_is_the_last_one_begun_a_resumed_runs_named_so(runs, p
     assert card_train.phase_reached(runs) == phase
 
 
-def test_an_out_of_memory_error_is_a_fail_a_stop_or_another_error_is_not():
+def test_an_out_of_memory_error_is_a_fail_a_stop_or_another_error_is_not_nor_a_cap_that_did_not_hold():
     oom = 'error: out of memory during evaluation at micro-batch 16.'
     limit = (600, 'card_preset_seconds')
-    failed = card_train.outcome([Run(2, 'next step: --eval_batch_size=8', oom, FIRST[:6])], limit, capped=True)
+    failed = card_train.outcome([Run(2, 'next step: --eval_batch_size=8', oom, FIRST[:6])], limit, 11 * GIB)
     assert failed == dict(phase_reached='evaluation', fits=False, error=oom, max_allocated_bytes=6 * GIB,
                           max_reserved_bytes=7 * GIB)
-    stopped = card_train.outcome([Run(None, '', None, FIRST[:3])], limit, capped=True)
+    stopped = card_train.outcome([Run(None, '', None, FIRST[:3])], limit, 11 * GIB)
     assert stopped['fits'] is None and stopped['stopped'] == 'stopped after 600 s (card_preset_seconds) while step'
-    crashed = card_train.outcome([Run(1, 'RuntimeError: CUDA error', None, FIRST[:4])], limit, capped=True)
+    crashed = card_train.outcome([Run(1, 'RuntimeError: CUDA error', None, FIRST[:4])], limit, 11 * GIB)
     assert crashed['fits'] is None and crashed['error'] == 'RuntimeError: CUDA error'
     both = [Run(0, '', None, FIRST), Run(0, '', None, RESUMED)]
-    assert card_train.outcome(both, limit, capped=True)['fits'] is True
-    assert card_train.outcome(both, limit, capped=True)['max_allocated_bytes'] == 7 * GIB  # the largest of both runs
-    assert card_train.outcome(both, limit, capped=False)['fits'] is None  # a CPU: no cap to fit
+    assert card_train.outcome(both, limit, 11 * GIB)['fits'] is True
+    assert card_train.outcome(both, limit, 11 * GIB)['max_allocated_bytes'] == 7 * GIB  # the largest of both runs
+    assert card_train.outcome(both, limit, None)['fits'] is None  # a CPU: no cap to fit
+    beyond = card_train.outcome(both, limit, 7 * GIB)  # 8 GiB reserved: an allocator that ignored its cap
+    assert beyond['fits'] is None and beyond['error'] == ('the allocator reserved 8.00 GiB, beyond the cap of 7.00 '
+                                                          'GiB: the cap did not hold')
 
 
 def test_hours_of_training_and_of_evaluations_apart_and_summed():
