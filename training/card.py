@@ -6,7 +6,8 @@ Its parts, each in child processes of its own (this process never starts CUDA, s
 run would), in this order:
 1. the checks (training/card_checks.py's CHECKS, each a result of its own), on the speedrun preset's model;
 2. each card preset (config/*_<N>gb.py): train.py itself, held to the card it names (training/card_train.py); the
-   speedrun preset first, then the other 12 GB presets, then the rest, each group from the smallest model up;
+   speedrun preset first, then the other 12 GB presets, then the rest, each group from the smallest model up
+   (preset_paths);
 3. nanoGPT's path (training/card_measure.py): config/train_gpt2.py's model with our loss and with the full logits;
 4. the profile (training/card_profile.py): the speedrun preset's step and nanoGPT's compiled step.
 
@@ -54,13 +55,14 @@ NEVER, STOPPED, STALE = 0, 1, 2 # a part to measure, in this order: never measur
 def preset_paths(config_dir='config'):
     """The card presets, config/*_<N>gb.py, in the card's order: the speedrun preset, the other 12 GB presets, then
     the rest; each group from the least memory up (training_floor: weights, gradients and block inputs, a model's
-    size), so that a short run covers the most presets."""
+    size), so that a short run covers the most presets, and of two alike the larger card's first (fewer memory
+    levers: a quicker run)."""
     paths = [p for p in glob.glob(os.path.join(config_dir, '*gb.py')) if PRESET_PATTERN.search(p)]
 
     def order(path):
         config, _, model_args = load_preset(path, tiny=False)
         return (os.path.basename(path) != SPEEDRUN, card_gib(path) != 12,
-                sum(training_floor(config, model_args).values()), os.path.basename(path))
+                sum(training_floor(config, model_args).values()), -card_gib(path), os.path.basename(path))
     return sorted(paths, key=order)
 
 

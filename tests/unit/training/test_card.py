@@ -161,8 +161,8 @@ def test_the_speedrun_preset_comes_first_then_the_12gb_ones_then_the_rest_each_s
     assert names[:len(twelve)] == twelve
     assert twelve.index('train_shakespeare_char_12gb.py') < twelve.index('train_openwebtext_12gb.py') < \
         twelve.index('finetune_gpt2xl_12gb.py')
-    assert names.index('train_gpt2_6gb.py') < names.index('speedrun_gpt2_8gb.py') < \
-        names.index('finetune_gpt2large_8gb.py') < names.index('finetune_shakespeare_24gb.py')
+    assert names.index('train_gpt2_6gb.py') < names.index('train_gpt2_4gb.py') < names.index('speedrun_gpt2_8gb.py') < \
+        names.index('finetune_gpt2large_8gb.py') < names.index('finetune_shakespeare_24gb.py')  # 6 GB: no levers
 
 
 def test_card_presets_are_picked_by_name_with_or_without_py_and_an_unknown_one_is_one_line():
@@ -292,7 +292,7 @@ def test_never_measured_parts_come_first_then_stopped_ones_then_stale_ones(child
     done = card.run('cpu', 'cpu', [SPEEDRUN, 'train_gpt2_4gb.py', 'train_gpt2_6gb.py'], report=report,
                     progress=lambda line: None)
     assert calls == ['device', 'train_gpt2_6gb.py', 'train_gpt2_4gb.py', SPEEDRUN, 'nanogpt_path']
-    assert [row['preset'] for row in done['presets']] == [SPEEDRUN, 'train_gpt2_4gb.py', 'train_gpt2_6gb.py']
+    assert [row['preset'] for row in done['presets']] == [SPEEDRUN, 'train_gpt2_6gb.py', 'train_gpt2_4gb.py']
     assert not any('stale' in row for row in done['presets']) and STALE not in (tmp_path / 'card.md').read_text()
 
 
