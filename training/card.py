@@ -209,6 +209,27 @@ def measure_checks(result, names, job, limit, code, progress):
             progress(check_line(name, result['checks'][name]))
 
 
+def measure_preset(result, path, job, limit, facts, code, progress):
+    """train.py's runs of the preset at `path` (card_train.run_preset), its row kept in the card's order."""
+    row = run_preset(path, job['device'], job['device_type'], job['steps'], limit, facts, progress)
+    if 'stopped' not in row and 'skipped' not in row:
+        row['fingerprint'] = fingerprint(code, 'preset', path)
+    rows = {row['preset']: row for row in result['presets']}
+    rows[row['preset']] = kept(rows.get(row['preset']), row)
+    result['presets'] = [rows[name] for name in result['card_presets'] if name in rows]
+    progress(preset_line(row['preset'], rows[row['preset']]))
+
+
+def measure_part(result, kind, job, limit, code, progress):
+    """nanoGPT's path or the profile, in a child of its own."""
+    row = measured(dict(job, kind=kind, name=label(kind, None)), limit, progress)
+    del row['phase']
+    if 'stopped' not in row:
+        row['fingerprint'] = fingerprint(code, kind)
+    result[kind] = kept(result[kind], row)
+    progress((nanogpt_lines if kind == 'nanogpt_path' else profile_lines)(result[kind])[0])
+
+
 def run(device, device_type, names=(), steps=3, seconds=1800, part_seconds=600, report='card', progress=print,
         config_dir='config'):
     """Everything the card mode measures, added to the report at `report` (its path without the extension) and
@@ -240,20 +261,9 @@ def run(device, device_type, names=(), steps=3, seconds=1800, part_seconds=600, 
             measure_checks(result, what, dict(job, path=os.path.abspath(os.path.join(config_dir, SPEEDRUN))), limit,
                            code, progress)
         elif kind == 'preset':
-            row = run_preset(what, device, device_type, steps, limit, facts, progress)
-            if 'stopped' not in row and 'skipped' not in row:
-                row['fingerprint'] = fingerprint(code, 'preset', what)
-            rows = {row['preset']: row for row in result['presets']}
-            rows[row['preset']] = kept(rows.get(row['preset']), row)
-            result['presets'] = [rows[name] for name in result['card_presets'] if name in rows]
-            progress(preset_line(row['preset'], rows[row['preset']]))
+            measure_preset(result, what, job, limit, facts, code, progress)
         else:
-            row = measured(dict(job, kind=kind, name=label(kind, what)), limit, progress)
-            del row['phase']
-            if 'stopped' not in row:
-                row['fingerprint'] = fingerprint(code, kind)
-            result[kind] = kept(result[kind], row)
-            progress((nanogpt_lines if kind == 'nanogpt_path' else profile_lines)(result[kind])[0])
+            measure_part(result, kind, job, limit, code, progress)
         done.append(label(kind, what))
         write_report(result, report)
     result['runs'].append(dict(seconds=time.perf_counter() - start, card_seconds=seconds, measured=done,
