@@ -1,12 +1,17 @@
 """training/card_checks.py's FlexAttention checks, on the CPU stand-in of the CUDA kernel (tests/flex_on_a_cpu.py): the
 speedrun preset's model at a scale FlexAttention runs (windows in blocks of 128), its check passing where the kernel's
 block mask is right and failing where its window is a block short. The other checks: test_card.py."""
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
 import attention
 import flex_on_a_cpu
+from helpers import ROOT
 from training import card_checks
 from training.card_measure import load_preset
 
@@ -51,3 +56,23 @@ def test_flex_checks_are_skipped_with_their_reason_off_cuda(speedrun):
         if name.startswith('flex'):
             assert check(config, model_args, 'cpu', 'cpu') == {
                 'skipped': 'FlexAttention trains on CUDA only (the tests run it on a CPU stand-in)'}
+
+
+@pytest.mark.slow
+def test_on_a_bare_cpu_the_kernel_checks_are_skipped_not_run(tmp_path):
+    """In a process where no stand-in registered CPU kernels for FlashAttention's operator (a fresh one: the tests'
+    registration lasts their process), the varlen check is skipped with its reason, as the flex checks are."""
+    code = ("import json, torch\n"
+            "from training import card_checks\n"
+            "from training.card_measure import load_preset\n"
+            "config, _, model_args = load_preset('config/speedrun_gpt2_12gb.py', tiny=True)\n"
+            "assert not card_checks.kernel_registered_on_cpu()\n"
+            "print(json.dumps({name: check(config, model_args, 'cpu', 'cpu') for name, check in card_checks.CHECKS\n"
+            "                  if 'kernel' in name or 'flex' in name}))\n")
+    result = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={k: v for k, v in os.environ.items() if k != 'PYTHONPATH'})
+    assert result.returncode == 0, result.stderr[-2000:]
+    checks = json.loads(result.stdout.splitlines()[-1])
+    assert checks['varlen kernel against masked'] == {
+        'skipped': "FlashAttention's kernel is CUDA only (the tests give a CPU stand-in)"}
+    assert all('skipped' in check for check in checks.values()) and len(checks) == 3
