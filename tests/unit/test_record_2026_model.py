@@ -16,6 +16,7 @@ import torch
 
 import gpt2026
 import record_reference_2026_01_24 as R
+from record_port_2026 import ours_from_record, record_from_ours
 
 VOCAB, BOS, T = 64, 63, 128
 CFG = R.RecordConfig(vocab_size=VOCAB, bigram_vocab_size=5 * VOCAB, head_dim=8, model_dim=48, bos_id=BOS,
@@ -91,43 +92,6 @@ def record_weights_at(stage):
     return {**w, 'embed.weight': w['lm_head.weight'].T.clone()} if stage.tied else w
 
 
-def ours_from_record(w, cfg=CFG):
-    """The record's weights under the port's names: the banks' entries as each layer's matrices and gates, the
-    scalars as named lambdas, lm_head's weight and MLP's c_proj transposed (F.linear's layout)."""
-    scalars, L, D = w['scalars'], cfg.num_layers, cfg.model_dim
-    ours = {'transformer.wte.weight': w['embed.weight'], 'lm_head.weight': w['lm_head.weight'].T,
-            'transformer.bigram_embed.weight': w['bigram_embed.weight'], 'smear_gate.weight': w['smear_gate.weight'],
-            'skip_gate.weight': w['skip_gate.weight'], 'x0_lambdas': w['x0_lambdas'],
-            'resid_lambdas': scalars[:L], 'bigram_lambdas': scalars[3 * L:4 * L], 'smear_lambda': scalars[4 * L:][:1],
-            'backout_lambda': scalars[4 * L + 1:][:1], 'skip_lambda': scalars[4 * L + 2:][:1]}
-    ours.update({f'transformer.value_embeds.{j}.weight': w[f'value_embeds.{j}.weight'] for j in range(3)})
-    for i in range(L):
-        p = f'transformer.h.{i}.'
-        ours[p + 'mlp.c_fc.weight'], ours[p + 'mlp.c_proj.weight'] = w['mlp_bank'][i, 0], w['mlp_bank'][i, 1].T
-        if i in R.ATTN_LAYERS:
-            a = R.ATTN_LAYERS.index(i)
-            ours[p + 'attn.c_attn.weight'], ours[p + 'attn.c_proj.weight'] = w['attn_bank'][a].split([3 * D, D])
-            ours[p + 'attn.lambdas'] = scalars[L + 2 * i:L + 2 * i + 2]
-            ours[p + 'attn.gate.weight'] = w['attn_gate_bank'][a]
-        if i in R.VE_GATE_LAYERS:
-            ours[p + 'attn.value_gate.weight'] = w['ve_gate_bank'][R.VE_GATE_LAYERS.index(i)]
-    return ours
-
-
-def record_from_ours(ours):
-    """ours_from_record's inverse for gradients: zero where the port has no tensor (the MLP bank's padding entry,
-    layer 6's attention lambdas); the embedding's left out where the port has none (tied)."""
-    record = {name: torch.zeros(shape, dtype=torch.float64) for name, shape in R.record_shapes(CFG).items()}
-    targets = ours_from_record(record)  # views of the record's tensors: writing them fills the record's
-    for name, t in ours.items():
-        if name != 'lm_head.weight':
-            targets[name].copy_(t)
-    record['lm_head.weight'] = ours['lm_head.weight'].T
-    if 'transformer.wte.weight' not in ours:
-        del record['embed.weight']
-    return record
-
-
 def tokens():
     """Two micro-batches of 128 tokens and their targets: row 0 starts at a document (training's rows), row 1 inside
     one (validation's); documents of 3 to 100 tokens, longer than some windows, none starting at a block's start."""
@@ -155,7 +119,7 @@ def port_model(stage):
     for window in stage.fitted:
         model.fit_rotary(window * CFG.block_size)
     model.embedding_tied = stage.tied
-    weights = ours_from_record(record_weights())
+    weights = ours_from_record(record_weights(), CFG)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(weights[name])
@@ -172,7 +136,7 @@ def port(model, stage):
         _, loss = model(x, y, windows=windows)
     loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    return loss.detach(), record_from_ours(grads)
+    return loss.detach(), record_from_ours(grads, CFG)
 
 
 def relative_error(a, b):
