@@ -1,7 +1,8 @@
 """modded-nanogpt's single-GPU record of 24 Jan 2026 (records/track_1_short/2026-01-24_ImprovedLMHead/
 single_gpu_improved_with_softcapping.txt, the code before the log's first line of '='), read again from that code as a
-small functional reference: its GPT's forward and loss, and its schedules, for any sizes, in one dtype (float64 on a
-CPU), importing torch only. None of the project's code: gpt2026.py is proven against this.
+small functional reference: its GPT's forward and loss, its schedules and its optimizer (NorMuonAndAdam as its
+TrainingManager steps it), for any sizes, in one dtype (float64 on a CPU), importing torch only. None of the project's
+code: gpt2026.py and training/record2026.py are proven against this.
 
 What the record runs as kernels is written here as the plain maths they compute: FP8 and bf16 matmuls as matmuls in
 the weights' dtype, FlashAttention 3's varlen kernel as a loop over documents, the Triton MLP and softcapped loss as
@@ -21,6 +22,7 @@ Weights are a mapping name -> tensor with the record's own names and shapes (rec
   x0_lambdas (L,)
   scalars (4L + 3,)                   resid lambdas (L), sa lambdas (2 per layer), bigram lambdas (L), smear,
                                       backout, skip (world size 1: no padding)"""
+import copy
 import math
 from dataclasses import dataclass
 
@@ -368,3 +370,159 @@ def loss_and_grads(w, inputs, targets, cfg, ws_short, ws_long, fitted_windows, m
                    for x, y in zip(inputs, targets))
     grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
     return loss.detach(), {n: torch.zeros_like(t) if g is None else g for (n, t), g in zip(leaves.items(), grads)}
+
+
+# the optimizer: NorMuonAndAdam as TrainingManager steps it (world size 1: no communication), its state and moments
+# in the weights' dtype (the record's fp32 state for bf16 weights; its mantissa buffer makes NorMuon's weights fp32)
+
+PARAM_TABLE = {  # label: (optim, adam_betas, lr_mul, wd_mul)
+    'attn': ('normuon', None, 1.0, 1.0),
+    'mlp': ('normuon', None, 1.0, 1.0),
+    'scalars': ('adam', (0.9, 0.99), 5.0, 0.0),
+    've0': ('adam', (0.75, 0.95), 75., 5.0),
+    've1': ('adam', (0.75, 0.95), 75., 5.0),
+    've2': ('adam', (0.75, 0.95), 75., 5.0),
+    'bigram_embed': ('adam', (0.75, 0.95), 75., 5.0),
+    'smear_gate': ('adam', (0.9, 0.99), 0.01, 0.0),
+    'skip_gate': ('adam', (0.9, 0.99), 0.05, 0.0),
+    'attn_gate_bank': ('adam', (0.9, 0.99), 1.0, 1.0),
+    've_gate_bank': ('adam', (0.9, 0.99), 1.0, 1.0),
+    'x0_lambdas': ('adam', (0.65, 0.95), 5.0, 0.0),
+    'lm_head': ('adam', (0.5, 0.95), 1.0, 150.),
+    'embed': ('adam', (0.5, 0.95), 1.0, 150.),
+}
+LABEL_OF = {'attn_bank': 'attn', 'mlp_bank': 'mlp', 'scalars': 'scalars', 'value_embeds.0.weight': 've0',
+            'value_embeds.1.weight': 've1', 'value_embeds.2.weight': 've2', 'bigram_embed.weight': 'bigram_embed',
+            'smear_gate.weight': 'smear_gate', 'skip_gate.weight': 'skip_gate', 'attn_gate_bank': 'attn_gate_bank',
+            've_gate_bank': 've_gate_bank', 'x0_lambdas': 'x0_lambdas', 'lm_head.weight': 'lm_head',
+            'embed.weight': 'embed'}
+NAME_OF = {label: name for name, label in LABEL_OF.items()}
+WORK_ORDER = ['scalars', 'smear_gate', 'skip_gate', 'attn_gate_bank', 've_gate_bank', 'x0_lambdas', 've0', 've1',
+              've2', 'bigram_embed', 'lm_head', 'embed', 'attn', 'mlp']
+ADAM_DEFAULTS = dict(lr=0.008, eps=1e-10, weight_decay=0.005)
+NORMUON_DEFAULTS = dict(lr=0.023, momentum=0.95, beta2=0.95, weight_decay=1.2)
+POLAR_EXPRESS_COEFFS = [
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323)]
+
+
+def bank_reshape(name, cfg):
+    """The .reshape of attn_bank (its q, k, v, o of each layer) and mlp_bank (c_fc, c_proj of each layer, padding
+    included) that NorMuon orthogonalizes matrix by matrix."""
+    d = cfg.model_dim
+    return (10 * 4, d, d) if name == 'attn_bank' else (12 * 2, 4 * d, d)
+
+
+def init_optimizer_state(w, cfg):
+    """_init_state's zero moments, and the training loop's: no gradient left over, the embedding tied."""
+    state = {'grads': {}, 'split_embed': False}
+    for name, t in w.items():
+        if PARAM_TABLE[LABEL_OF[name]][0] == 'adam':
+            state[name] = dict(step=0, exp_avg=torch.zeros_like(t), exp_avg_sq=torch.zeros_like(t))
+        else:
+            shape = bank_reshape(name, cfg)
+            second = (*shape[:-1], 1) if shape[-2] >= shape[-1] else (*shape[:-2], 1, shape[-1])
+            state[name] = dict(momentum_buffer=torch.zeros(shape, dtype=t.dtype),
+                               second_momentum_buffer=torch.zeros(second, dtype=t.dtype))
+    return state
+
+
+def polar_express(G):
+    X = G.clone()
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * (1 + 2e-2) + 1e-6)
+    for a, b, c in POLAR_EXPRESS_COEFFS:
+        A = X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    return X
+
+
+def apply_normuon_variance_reduction(v_chunk, second_momentum_buffer, beta2, red_dim):
+    v_mean = v_chunk.square().mean(dim=red_dim, keepdim=True)
+    red_dim_size = v_chunk.size(red_dim)
+    v_norm_sq = v_mean.sum(dim=(-2, -1), keepdim=True).mul_(red_dim_size)
+    v_norm = v_norm_sq.sqrt_()
+    second_momentum_buffer.lerp_(v_mean, 1 - beta2)
+    step_size = second_momentum_buffer.clamp_min(1e-10).rsqrt_()
+    scaled_sq_sum = (v_mean * red_dim_size) * step_size.square()
+    v_norm_new = scaled_sq_sum.sum(dim=(-2, -1), keepdim=True).sqrt_()
+    final_scale = step_size * (v_norm / v_norm_new.clamp_min_(1e-10))
+    return v_chunk.mul_(final_scale)
+
+
+def normuon_update(param, grad, p_state, label, lr, momentum, cfg):
+    """_normuon_update of a bank, in place: param (its bank), grad (its .grad)."""
+    reshape = bank_reshape(NAME_OF[label], cfg)
+    shape_mult = max(1.0, reshape[-2] / reshape[-1]) ** 0.5
+    lr_mul = shape_mult * PARAM_TABLE[label][2]
+    per_matrix_lr_mul = [2.0 if i % 2 == 1 else 1.0 for i in range(reshape[0])] if label == 'mlp' else None
+    grad_chunk = grad.reshape(reshape).clone()
+    momentum_buffer = p_state['momentum_buffer']
+    momentum_buffer.lerp_(grad_chunk, 1 - momentum)
+    updated_grads = grad_chunk.lerp_(momentum_buffer, momentum)
+    v_chunk = polar_express(updated_grads)
+    red_dim = -1 if reshape[-2] >= reshape[-1] else -2
+    v_chunk = apply_normuon_variance_reduction(v_chunk, p_state['second_momentum_buffer'], NORMUON_DEFAULTS['beta2'],
+                                               red_dim)
+    p_slice = param.view(reshape)
+    eff_wd = PARAM_TABLE[label][3] * NORMUON_DEFAULTS['weight_decay'] * lr
+    for mat_idx in range(reshape[0]):
+        eff_lr = lr_mul * (per_matrix_lr_mul[mat_idx] if per_matrix_lr_mul else 1.0) * lr
+        p_precise, update = p_slice[mat_idx], v_chunk[mat_idx]
+        mask = (update * p_precise) >= 0
+        p_precise.copy_(p_precise - (p_precise * mask * eff_wd * eff_lr) - (update * eff_lr))
+
+
+def adam_update(p_slice, g_slice, p_state, label, lr):
+    """_adam_update of a parameter, in place; lr: its p_cfg.lr (lr_mul not yet applied)."""
+    beta1, beta2 = PARAM_TABLE[label][1]
+    lr = lr * PARAM_TABLE[label][2]
+    p_state['step'] += 1
+    t = p_state['step']
+    bias1, bias2 = 1 - beta1 ** t, 1 - beta2 ** t
+    step_size = lr * (bias2 ** 0.5 / bias1)
+    eff_wd = lr * lr * ADAM_DEFAULTS['weight_decay'] * PARAM_TABLE[label][3]
+    exp_avg, exp_avg_sq = p_state['exp_avg'], p_state['exp_avg_sq']
+    exp_avg.mul_(beta1).add_(g_slice, alpha=1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(g_slice, g_slice, value=1 - beta2)
+    update = exp_avg.div(exp_avg_sq.sqrt().add_(ADAM_DEFAULTS['eps'])).mul_(step_size)
+    mask = (update * p_slice) > 0
+    update.addcmul_(p_slice, mask, value=eff_wd)
+    p_slice.add_(other=update, alpha=-1.0)
+
+
+def optimizer_step(w, grads, state, step, cfg):
+    """TrainingManager.step_optimizers(step) after a backward that added `grads` to the .grad the last step left
+    (Adam's after a step without Adam): (new weights, new state), inputs left unchanged."""
+    w = {n: t.clone() for n, t in w.items()}
+    state = copy.deepcopy(state)
+    grads = {n: state['grads'][n] + g if n in state['grads'] else g.clone() for n, g in grads.items()}
+    step_lr, muon_momentum, do_adam = get_lr(step, cfg), get_muon_momentum(step, cfg), step % 2 == 1
+    split = state['split_embed']
+    if do_adam and not split:
+        grads['lm_head.weight'] = grads['lm_head.weight'] + grads['embed.weight'].T
+    for label in WORK_ORDER:
+        name, (optim, *_) = NAME_OF[label], PARAM_TABLE[label]
+        if (optim == 'adam' and not do_adam) or (label == 'embed' and not split):
+            continue
+        if optim == 'adam':
+            adam_update(w[name], grads[name], state[name], label, ADAM_DEFAULTS['lr'] * step_lr)
+        else:
+            normuon_update(w[name], grads[name], state[name], label, NORMUON_DEFAULTS['lr'] * step_lr,
+                           muon_momentum, cfg)
+    if do_adam and not split:
+        w['embed.weight'] = w['lm_head.weight'].T.clone()
+    state['grads'] = {} if do_adam else {n: g for n, g in grads.items() if PARAM_TABLE[LABEL_OF[n]][0] == 'adam'}
+    if step == split_step(cfg):  # copy_lm_state_to_embed
+        state['embed.weight']['step'] = state['lm_head.weight']['step']
+        for key in ('exp_avg', 'exp_avg_sq'):
+            state['embed.weight'][key] = state['lm_head.weight'][key].T.clone()
+        state['split_embed'] = True
+    return w, state
