@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+import flash_varlen_on_a_cpu
 import gpt2026
 import record_reference_2026_01_24 as R
 from record_port_2026 import ours_from_record, record_from_ours
@@ -327,3 +328,26 @@ def test_the_split_and_yarn_are_the_models_state_and_travel_in_its_state_dict():
     x, y = tokens()
     with torch.no_grad():
         assert torch.equal(copy_(x, y, windows=(20, 44))[1], model(x, y, windows=(20, 44))[1])
+
+
+@pytest.mark.parametrize('window', [5, 30, 200])  # 200: past the longest document, no limit
+def test_attend_is_flashattentions_varlen_kernel_with_a_window_by_position(window, flash_kernel):
+    """gpt2026.attend, which a CUDA run may replace by torch's varlen_attn (FlashAttention's variable-length kernel),
+    computes what that kernel does with the documents as cu_seqlens and window_size=(window, 0): outputs and
+    gradients, in float64 (full_precision: the comparison needs more digits than bf16's), on the CPU stand-in."""
+    x, _ = tokens()
+    docs = (x == BOS).cumsum(1)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, T, 6, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    starts = torch.zeros(2, T, dtype=torch.bool)
+    starts[:, 0] = True
+    starts |= x == BOS
+    cu_seqlens = torch.cat([starts.view(-1).nonzero()[:, 0], torch.tensor([2 * T])]).to(torch.int32)
+    longest = int(cu_seqlens.diff().max())
+    with flash_varlen_on_a_cpu.full_precision():
+        flash = flash_kernel(*(t.reshape(2 * T, 6, 8) for t in (q, k, v)), cu_seqlens, cu_seqlens, longest, longest,
+                             scale=0.1, window_size=(window, 0)).view(2, T, 6, 8)
+        ours = gpt2026.attend(q, k, v, docs, window, 0.1)
+        assert relative_error(ours, flash) < TOLERANCE
+        grads = [torch.autograd.grad(y, (q, k, v), torch.ones_like(y)) for y in (ours, flash)]
+    assert all(relative_error(a, b) < TOLERANCE for a, b in zip(*grads))
