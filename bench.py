@@ -184,10 +184,15 @@ def batch_source():
     return get_batch
 
 
+# CUDA's attention kernels launch a thread block per row along a grid dimension of at most 65,535: a micro-batch
+# beyond it fails with a kernel error, not out of memory (cuDNN's on an H200, a tiny model at 65,536 rows)
+MOST_ROWS = 65535
+
+
 def largest_micro_batch(train_step, optimizer, good, bad=None):
     """The largest micro-batch that trains without running out of GPU memory, by trying: from `good`, a micro-batch
-    that fits (or 0), doubling until one fails (`bad`, if known already), then bisecting between the two.
-    train_step(rows) runs one training step at that micro-batch."""
+    that fits (or 0), doubling until one fails (`bad`, if known already), then bisecting between the two; at most
+    MOST_ROWS. train_step(rows) runs one training step at that micro-batch."""
     def fits(rows):
         try:
             train_step(rows)
@@ -200,7 +205,9 @@ def largest_micro_batch(train_step, optimizer, good, bad=None):
         return fitted
 
     while bad is None:
-        trial = 2 * good
+        trial = min(2 * good, MOST_ROWS)
+        if trial == good: # the kernels' limit, not the memory, stops the search
+            return good
         good, bad = (trial, None) if fits(trial) else (good, trial)
     while bad - good > 1:
         middle = (good + bad) // 2

@@ -78,7 +78,8 @@ dtype = 'float32' # bfloat16: every run under bf16 autocast, as train.py's dtype
 # train.py's keys the runs read at train.py's defaults, where a run of RUNS sets none of its own
 TRAIN_KEYS = ('data_dir', 'muon_learning_rate', 'muon_momentum', 'muon_momentum_warmup_iters', 'weight_decay', 'beta1',
               'beta2', 'grad_clip', 'attn_window_warmup_iters', 'attn_window_warmup_start', 'attn_window_warmup_end',
-              'lr_schedule', 'cooldown_frac', 'autocast_cache', 'activation_checkpointing', 'loss_chunk_mib')
+              'lr_schedule', 'cooldown_frac', 'autocast_cache', 'activation_checkpointing', 'loss_chunk_mib',
+              'attention_kernel')
 # -----------------------------------------------------------------------------
 # name: train.py keys of the run ('nearest': torch's AdamW on bf16 weights, which rounds each update to nearest)
 RUNS = {'adamw': {'optim': 'adamw'}, 'muon': {'optim': 'muon'},

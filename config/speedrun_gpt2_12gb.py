@@ -56,7 +56,7 @@ attn_window_warmup_end = 1856
 attn_window_warmup_iters = 1390
 batch_size = 1
 gradient_accumulation_steps = 64
-loss_chunk_mib = 256 # the loss's chunks: 10.38 GiB on 12 GB by the estimate, where 1 GiB's (the default) take 11.00
+loss_chunk_mib = 256 # the loss's chunks: 9.96 GiB on 12 GB by the estimate, where 1 GiB's (the default) take 10.58
 max_iters = 1390
 lr_decay_iters = 1390
 

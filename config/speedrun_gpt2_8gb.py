@@ -47,7 +47,7 @@ zero_init_proj = True
 # attends to the positions up to itself in its own document within the attn_window // 128 blocks of 128 up to its own,
 # as FlexAttention's block masks: from 1 block at first to 14 (1,792) from step 1,339, on a line towards 1,856. Rows
 # of 8,192 tokens (the record's: 65,536, one per GPU), 64 a step: 524,288 tokens; as config/speedrun_gpt2_12gb.py,
-# with each block recomputed in backward: 6.51 GiB by the estimate, where rows of 4,096 without it take 8.50
+# with each block recomputed in backward: 6.45 GiB by the estimate, where rows of 4,096 without it take 8.19
 block_size = 8192
 batch_order = 'sequential'
 doc_token = 50256

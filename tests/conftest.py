@@ -90,5 +90,6 @@ def flash_kernel():
     the CUDA one does (flash_varlen_on_a_cpu.py); skipped where this torch has no varlen_attn with a sliding window."""
     kernel = flash_varlen_on_a_cpu.varlen_attn()
     if kernel is None:
-        pytest.skip("torch.nn.attention.varlen's varlen_attn with window_size: torch 2.12 has it")
+        pytest.skip(f"needs torch.nn.attention.varlen's varlen_attn with window_size (torch 2.12 and later); this is "
+                    f"torch {torch.__version__}")
     return kernel

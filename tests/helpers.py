@@ -237,30 +237,34 @@ def gpt2_estimator_config(batch_size, **overrides):
             'gradient_accumulation_steps': 1, 'eval_batch_size': 1, 'dtype': 'bfloat16', **overrides}
 
 
-def check_only_the_naive_loss_holds_the_logits(batch_size, n_layer):
+def check_only_the_naive_loss_holds_the_logits(batch_size, n_layer, loss_chunk_mib=1024):
     """GPT-2's width and vocabulary in n_layer blocks at batch_size x 1024 tokens, traced warm-started (the same peak in
-    half the time) with nanoGPT's loss and with model.py's: the naive trace holds the (rows, 50304) bf16 logits and
-    more, the chunked one nothing of them beyond a chunk. Returns (naive, chunked, logits): the training phases'
-    traces and the logits' allocation."""
-    from chunked_loss import DEFAULT_CHUNK_BYTES
+    half the time) with nanoGPT's loss and with model.py's, its chunks within loss_chunk_mib (which must be less than
+    the logits, else the chunked loss rightly runs them in one piece): the naive trace holds the (rows, 50304) bf16
+    logits and more, the chunked one nothing of them beyond a chunk. Returns (naive, chunked, logits): the training
+    phases' traces and the logits' allocation."""
     from training.memory import estimate
-    naive, chunked = (estimate.trace(gpt2_estimator_config(batch_size, n_layer=n_layer), loss, evaluate=False,
-                                     warm_start=True)['train'] for loss in ('naive', 'chunked'))
-    rows = batch_size * 1024
+    config = gpt2_estimator_config(batch_size, n_layer=n_layer, loss_chunk_mib=loss_chunk_mib)
+    naive, chunked = (estimate.trace(config, loss, evaluate=False, warm_start=True)['train']
+                      for loss in ('naive', 'chunked'))
+    rows, chunk_bytes = batch_size * 1024, loss_chunk_mib * 2 ** 20
     logits = {'shape': [rows, 50304], 'dtype': 'bfloat16', 'bytes': rows * 50304 * 2, 'category': 'loss_path'}
+    assert chunk_bytes < logits['bytes'], 'a chunk budget that holds the logits runs them in one piece'
     assert logits in naive['largest_loss_path_allocations'] and logits in naive['largest_allocations']
-    # the loss path holds nothing larger than a chunk's budget, so nothing of the (rows, 50304) logits beyond a chunk
-    assert max(a['bytes'] for a in chunked['largest_loss_path_allocations']) <= DEFAULT_CHUNK_BYTES
-    assert chunked['largest_allocations'][0]['bytes'] <= DEFAULT_CHUNK_BYTES
+    # the loss path holds nothing larger than a chunk's budget but the head's gradient, so nothing of the
+    # (rows, 50304) logits beyond a chunk
+    head = [50304, 768]
+    assert max(a['bytes'] for a in chunked['largest_loss_path_allocations'] if a['shape'] != head) <= chunk_bytes
+    assert all(a['bytes'] <= chunk_bytes for a in chunked['largest_allocations'] if a['shape'] != head)
     # its gradients; under bf16 autocast the bf16 copy of the weight, the rows' bf16 (rows, d) operands; one chunk's
     # fp32 logits buffer, a bf16 chunk beside it and the bf16 product on its way into the fp32 weight gradient, all
     # within the chunk's budget
     gradients = (rows + 50304) * 768 * 4
-    beyond_gradients = 50304 * 768 * 2 + rows * 768 * 2 + DEFAULT_CHUNK_BYTES
+    beyond_gradients = 50304 * 768 * 2 + rows * 768 * 2 + chunk_bytes
     assert gradients < chunked['breakdown']['loss_path'] < gradients + beyond_gradients
     # the naive loss's bf16 logits, their fp32 log-softmax and its fp32 gradient: 5 times the bf16 logits' bytes,
     # where the chunked loss takes its budget at most
-    assert naive['peak_bytes'] > chunked['peak_bytes'] - DEFAULT_CHUNK_BYTES + 5 * logits['bytes']
+    assert naive['peak_bytes'] > chunked['peak_bytes'] - chunk_bytes + 5 * logits['bytes']
     return naive, chunked, logits
 
 

@@ -1,6 +1,7 @@
 """bench.py --mode=card's checks: each path a GPU run takes against its reference, on one model and batch, under bf16
-autocast: the compiled model against eager, FlashAttention's variable-length kernel against the masked attention, bf16
-weights (stochastic rounding) against fp32 weights over a few AdamW steps. Each compares the loss and every
+autocast: the compiled model against eager, FlashAttention's variable-length kernel and FlexAttention's kernel (with
+this GPU's tiles, and with the tiles a consumer card gets) against the masked attention, bf16 weights (stochastic
+rounding) against fp32 weights over a few AdamW steps. Each compares the loss and every
 parameter's gradient, and takes its tolerance from the noise it measures itself: the reference path under bf16
 autocast against the same path in fp32. A path passes where no quantity differs by more than NOISE_MULTIPLE times
 that noise.
@@ -13,6 +14,7 @@ import io
 import itertools
 import math
 import statistics
+import types
 
 import torch
 
@@ -171,6 +173,45 @@ def check_varlen(config, model_args, device, device_type):
                      for dtype in (CHECK_DTYPE, CHECK_DTYPE, 'float32')))
 
 
+# the shared memory a thread block of an RTX 30 or 40 series card may use: the tiles FlexAttention gets there
+CONSUMER_SHARED_MEMORY = 101376
+FLEX_WINDOW_BLOCKS = 4 # the flex checks' window: full blocks and partial ones, and a masked fp32 reference that fits
+
+
+def flex_against_masked(config, model_args, device, device_type, kernel_options):
+    """FlexAttention's kernel with kernel_options against the masked attention of the same weights, both under bf16
+    autocast, at a window of FLEX_WINDOW_BLOCKS blocks (or the config's, if shorter); the noise: the masked attention
+    under bf16 against fp32."""
+    block = model_args['attn_window_block']
+    window = min(model_args['attn_window'], FLEX_WINDOW_BLOCKS * block)
+    flex = check_model(config, model_args, device, flex_kernel=True)
+    flex.flex_options = kernel_options
+    masked = check_model(config, model_args, device, flex_kernel=False)
+    batch = check_batch(config, model_args['vocab_size'], device)
+    positions = torch.arange(batch[0].size(1), device=device)
+    if flex.attention(batch[0], positions, None, window).kind != 'flex':
+        return dict(skipped='the model does not run FlexAttention (its blocks, head size or rows)')
+    return compare(loss_and_gradients(flex, flex, batch, window, CHECK_DTYPE, device_type),
+                   *(loss_and_gradients(masked, masked, batch, window, dtype, device_type)
+                     for dtype in (CHECK_DTYPE, CHECK_DTYPE, 'float32')))
+
+
+def check_flex(config, model_args, device, device_type, shared_memory=None):
+    """flex_against_masked with the tiles attention.flex_kernel_options picks for this GPU, or for a GPU of
+    `shared_memory` bytes a block (forced here: an H100 compiles and runs what an RTX 3060 would). Skipped where
+    FlexAttention does not train (a CPU) or the model has no windows in blocks."""
+    if device_type != 'cuda':
+        return dict(skipped='FlexAttention trains on CUDA only (the tests run it on a CPU stand-in)')
+    if not model_args.get('attn_window_block'):
+        return dict(skipped='the model has no windows in blocks')
+    properties = torch.cuda.get_device_properties(device)
+    if shared_memory is not None:
+        properties = types.SimpleNamespace(shared_memory_per_block_optin=shared_memory)
+    head_size = model_args['n_embd'] // model_args['n_head']
+    options = attention.flex_kernel_options(properties, head_size)[0]
+    return dict(flex_against_masked(config, model_args, device, device_type, options), kernel_options=options)
+
+
 def trained(config, model_args, device, device_type, batch, weight_dtype, dtype):
     """From the randomized weights in weight_dtype under `dtype`: (the loss and gradients on `batch`, then the losses
     of CHECK_STEPS AdamW steps on it)."""
@@ -209,4 +250,7 @@ def check_bf16_weights(config, model_args, device, device_type):
 
 
 CHECKS = (('compiled against eager', check_compiled), ('varlen kernel against masked', check_varlen),
+          ('flex kernel against masked', check_flex),
+          ('flex, consumer tiles, against masked',
+           lambda *args: check_flex(*args, shared_memory=CONSUMER_SHARED_MEMORY)),
           ('bf16 weights against fp32', check_bf16_weights))

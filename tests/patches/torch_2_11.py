@@ -2,4 +2,5 @@
 loss=torch), which torch 2.13 brought."""
 import torch
 
-del torch.nn.LinearCrossEntropyOptions
+if hasattr(torch.nn, 'LinearCrossEntropyOptions'): # requirements.txt allows torches without it already
+    del torch.nn.LinearCrossEntropyOptions

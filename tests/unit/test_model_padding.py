@@ -80,6 +80,7 @@ def test_padding_runs_the_mask_where_a_row_alone_runs_flash_attentions_kernel(mo
     rows, targets = rows_and_targets()
     tokens, padded_targets, positions, tokens_mask = padded_batch(rows, targets, 'left')
     assert model.attention(rows[0][None], torch.arange(16), None, 4).kind == 'varlen'
+    assert model.attention(tokens, positions, None, 4).kind == 'masked'  # the padded batch: under its mask
     # in fp64: a padded key let in shows above rounding, not under bf16's
     with torch.no_grad(), flash_varlen_on_a_cpu.full_precision():
         _, losses = model(tokens, padded_targets, reduction='none', positions=positions)

@@ -1,0 +1,272 @@
+"""
+The training of modded-nanogpt's single-GPU record of 24 Jan 2026, for gpt2026.py's GPT2026: its schedules, pure
+functions of the step, and its optimizer, NorMuonAdam. docs/record_2026.md says what each piece does;
+tests/unit/training/test_record2026.py proves them equal to the record's in float64.
+
+One step of the record, as a training loop runs it:
+    model.fit_rotary(windows_at(step)[1])
+    optimizer.schedule(step)
+    for each micro-batch (rows of the step's batch_size_at(step) tokens):
+        _, loss = model(x, y, windows=windows_at(step), mtp_weights=mtp_weights_at(step), reduction='sum')
+        (loss * GRADIENT_SCALE).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    if step == SPLIT_STEP:
+        split_embedding(model, optimizer)
+and its validation at step NUM_ITERATIONS with windows_at(NUM_ITERATIONS, final_validation=True).
+"""
+import math
+
+import torch
+
+# the record's Hyperparameters
+SCHEDULED_ITERATIONS = 1560  # the lr, window and batch-size schedules run over these steps
+NUM_ITERATIONS = SCHEDULED_ITERATIONS + 40  # then 40 more at the last batch size and window, lr at 0.1 of its peak
+BATCH_SIZES = (8 * 2048 * 8, 16 * 2048 * 8, 24 * 2048 * 8)  # tokens a step over each third, the extension's the last
+LR_PEAKS = (1.0, 1.52, 1.73)  # lr factor over each third: (16/8)**0.6, (24/8)**0.5 as the batch grows
+COOLDOWN_FRAC = 0.55  # the lr factor falls linearly to 0.1 over the last 55% of the scheduled steps
+WINDOW_BLOCK = 128  # windows count blocks of 128 tokens
+LONG_WINDOWS = (3, 7, 11)  # blocks over each third; the short window is half the long one (rounded down)
+EXTENSION_WINDOW = 13  # the extension's long window
+VALIDATION_WINDOW = 20  # the final validation's long window, past the rotary fitted to 13
+SPLIT_STEP = math.ceil(2 / 3 * SCHEDULED_ITERATIONS) | 1  # 1041, odd: an Adam step, after which the embedding splits
+GRADIENT_SCALE = 1 / 8  # each micro-batch's summed loss is divided by the record's 8 micro-batches a step
+
+# the optimizers' hyperparameters, multiplied per parameter by ADAM_TABLE's and NORMUON_TABLE's multipliers
+ADAM_LR, ADAM_EPS, ADAM_WEIGHT_DECAY = 0.008, 1e-10, 0.005
+NORMUON_LR, NORMUON_BETA2, NORMUON_WEIGHT_DECAY = 0.023, 0.95, 1.2
+# label: (betas, lr multiplier, weight-decay multiplier)
+ADAM_TABLE = {
+    'scalars': ((0.9, 0.99), 5.0, 0.0),  # the lambdas but x0's
+    'x0_lambdas': ((0.65, 0.95), 5.0, 0.0),
+    'value_embeds': ((0.75, 0.95), 75.0, 5.0),
+    'bigram_embed': ((0.75, 0.95), 75.0, 5.0),
+    'smear_gate': ((0.9, 0.99), 0.01, 0.0),
+    'skip_gate': ((0.9, 0.99), 0.05, 0.0),
+    'attention_gates': ((0.9, 0.99), 1.0, 1.0),  # attention's output and value gates
+    'embeddings': ((0.5, 0.95), 1.0, 150.0),  # lm_head, and wte once split
+}
+# label: (the parameter's number of matrices along dim 0, lr multiplier): each matrix is orthogonalized on its own;
+# the MLP's lr doubles by the shape of the record's (3072, 768) matrices, max(1, 3072 / 768)**0.5, c_proj's again
+NORMUON_TABLE = {'attn.c_attn': (3, 1.0), 'attn.c_proj': (1, 1.0), 'mlp.c_fc': (1, 2.0), 'mlp.c_proj': (1, 4.0)}
+# Polar Express's (a, b, c) for 5 iterations of X <- a X + (b A + c A^2) X, A = X X^T (safety 2e-2, cushion 2)
+POLAR_EXPRESS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
+                 (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+                 (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+                 (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+                 (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
+
+
+def batch_size_at(step):
+    """Tokens in the step's batch: a third of the scheduled steps at each size, the extension at the last."""
+    if step >= SCHEDULED_ITERATIONS:
+        return BATCH_SIZES[-1]
+    return BATCH_SIZES[int(len(BATCH_SIZES) * (step / SCHEDULED_ITERATIONS))]
+
+
+def windows_at(step, final_validation=False):
+    """(short, long) attention windows in tokens at `step`; final_validation: the long one of the last validation."""
+    if step >= SCHEDULED_ITERATIONS:
+        long = VALIDATION_WINDOW if final_validation else EXTENSION_WINDOW
+        return EXTENSION_WINDOW // 2 * WINDOW_BLOCK, long * WINDOW_BLOCK
+    long = LONG_WINDOWS[int(len(LONG_WINDOWS) * (step / SCHEDULED_ITERATIONS))]
+    return long // 2 * WINDOW_BLOCK, long * WINDOW_BLOCK
+
+
+def lr_factor_at(step):
+    """Every parameter's lr multiplier: each third's peak (higher as the batch grows), from 45% of the scheduled
+    steps falling linearly to 0.1, then 0.1 over the extension."""
+    if step > SCHEDULED_ITERATIONS:
+        return 0.1
+    x = step / SCHEDULED_ITERATIONS
+    peak = LR_PEAKS[2] if x > 2 / 3 else LR_PEAKS[1] if x > 1 / 3 else LR_PEAKS[0]
+    if x >= 1 - COOLDOWN_FRAC:
+        w = (1 - x) / COOLDOWN_FRAC
+        return peak * w + (1 - w) * 0.1
+    return peak
+
+
+def momentum_at(step, warmup=300, cooldown=50, low=0.85, high=0.95):
+    """NorMuon's momentum: from 0.85 up to 0.95 over the first 300 steps, down again over the last 50."""
+    if step < warmup:
+        return low + step / warmup * (high - low)
+    if step > NUM_ITERATIONS - cooldown:
+        return high - (step - (NUM_ITERATIONS - cooldown)) / cooldown * (high - low)
+    return high
+
+
+def mtp_weights_at(step):
+    """The multi-token prediction weights (next token, the one after, ...) as fp32 values (the record's tensor):
+    1, 0.5, 0.25 -> 0 over the first third, 1, 0.5 -> 0 over the second, then the next token alone."""
+    x = step / SCHEDULED_ITERATIONS
+    if x < 1 / 3:
+        weights = [1.0, 0.5, 0.25 * (1 - 3 * x)]
+    elif x < 2 / 3:
+        weights = [1.0, 0.5 * (1 - (3 * x - 1))]
+    else:
+        weights = [1.0]
+    return tuple(torch.tensor(weights, dtype=torch.float32).tolist())
+
+
+def adam_steps_at(step):
+    """Adam updates its parameters on odd steps only, with the gradients of the two steps summed."""
+    return step % 2 == 1
+
+
+def polar_express(g, dtype=None):
+    """The orthogonal factor U V^T of each matrix of g (..., rows, cols) = U S V^T, approximately (Polar Express: the
+    singular values pushed towards 1 by 5 odd polynomials), in `dtype` (None: g's; the record's bf16)."""
+    x = g.to(dtype or g.dtype)
+    tall = x.size(-2) > x.size(-1)
+    if tall:  # iterate on the wide side: A = X X^T is the smaller square
+        x = x.mT
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) * (1 + 2e-2) + 1e-6)  # spectral norm at most 1
+    for a, b, c in POLAR_EXPRESS:
+        A = x @ x.mT
+        x = a * x + (b * A + c * A @ A) @ x
+    return x.mT if tall else x
+
+
+def normuon_normalize(v, second_momentum, beta2):
+    """NorMuon's variance step: each row of the orthogonalized update v (each column where v is wide: the longer
+    side's vectors) divided by the root of its mean square's running average (second_momentum, updated in place),
+    then each matrix scaled back to its Frobenius norm before the division."""
+    reduced = -1 if v.size(-2) >= v.size(-1) else -2
+    n = v.size(reduced)
+    mean_square = v.square().mean(dim=reduced, keepdim=True)
+    norm = (mean_square.sum(dim=(-2, -1), keepdim=True) * n).sqrt()
+    second_momentum.lerp_(mean_square, 1 - beta2)
+    scale = second_momentum.clamp_min(1e-10).rsqrt()
+    new_norm = (mean_square * n * scale.square()).sum(dim=(-2, -1), keepdim=True).sqrt()
+    return v * (scale * (norm / new_norm.clamp_min(1e-10)))
+
+
+def cautious_decay(p, update, coefficient, zero_too):
+    """Cautious weight decay: coefficient * p where p and the update have the same sign, so that the decay never
+    works against the update; zero_too: also where their product is 0 (NorMuon's; Adam's decays only where > 0)."""
+    agree = update * p
+    return p * ((agree >= 0) if zero_too else (agree > 0)) * coefficient
+
+
+def normuon_update(p, grad, state, lr, lr_multiplier, momentum, n_matrices, orthogonalization_dtype):
+    """One NorMuon step of p: the gradient's running average (momentum), the Nesterov look-ahead orthogonalized
+    (Polar Express) and normalized (normuon_normalize), then p -= lr * lr_multiplier * it, with cautious weight decay
+    by NORMUON_WEIGHT_DECAY * lr times the update's lr."""
+    buffer, second_momentum = state['momentum_buffer'], state['second_momentum']
+    g = grad.to(buffer.dtype)
+    buffer.lerp_(g, 1 - momentum)
+    matrices = g.lerp(buffer, momentum).view(n_matrices, -1, p.size(-1))
+    v = polar_express(matrices, orthogonalization_dtype).to(buffer.dtype)
+    v = normuon_normalize(v, second_momentum, NORMUON_BETA2).view(p.shape)
+    precise, update_lr = p.to(buffer.dtype), lr_multiplier * lr
+    decay = cautious_decay(precise, v, NORMUON_WEIGHT_DECAY * lr * update_lr, zero_too=True)
+    p.copy_(precise - decay - v * update_lr)
+
+
+def adam_update(p, grad, state, lr, betas, weight_decay):
+    """One Adam step of p with bias correction, eps ADAM_EPS and cautious weight decay by lr**2 * weight_decay."""
+    beta1, beta2 = betas
+    state['step'] += 1
+    t = state['step']
+    exp_avg, exp_avg_sq = state['exp_avg'], state['exp_avg_sq']
+    g = grad.to(exp_avg.dtype)
+    exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    update = exp_avg / (exp_avg_sq.sqrt() + ADAM_EPS) * (lr * ((1 - beta2 ** t) ** 0.5 / (1 - beta1 ** t)))
+    precise = p.to(update.dtype)
+    p.copy_(precise - (update + cautious_decay(precise, update, lr * lr * weight_decay, zero_too=False)))
+
+
+def label(name):
+    """The optimizer's label of one of GPT2026's parameters (by its name): a key of NORMUON_TABLE or ADAM_TABLE."""
+    if name.endswith(('lambdas', '_lambda')):
+        return 'x0_lambdas' if name == 'x0_lambdas' else 'scalars'
+    if name in ('lm_head.weight', 'transformer.wte.weight'):
+        return 'embeddings'
+    if name.startswith('transformer.h.'):
+        module, kind = name.split('.')[-3:-1]  # attn or mlp; c_attn, c_proj, c_fc, gate or value_gate
+        return 'attention_gates' if kind in ('gate', 'value_gate') else f'{module}.{kind}'
+    if name.startswith('transformer.'):
+        return name.split('.')[1]  # bigram_embed, value_embeds
+    return name[:-len('.weight')]  # smear_gate, skip_gate
+
+
+class NorMuonAdam(torch.optim.Optimizer):
+    """The record's optimizer for a GPT2026: NorMuon for the blocks' matrices, Adam for the rest, a parameter group
+    per label of NORMUON_TABLE and ADAM_TABLE. schedule(step) before each step sets the lrs, NorMuon's momentum and
+    whether Adam steps; zero_grad() then keeps the gradients of the parameters the step left alone, so that Adam's
+    next step takes the sum of two steps' gradients, as the record's. While the model's embedding is tied, wte has
+    no gradient and is not stepped: split_embedding gives it the head's weight and Adam state.
+    orthogonalization_dtype: Polar Express's (the record's bf16; None: the weights')."""
+
+    def __init__(self, model, orthogonalization_dtype=torch.bfloat16):
+        named = {}
+        for name, p in model.named_parameters():
+            named.setdefault(label(name), []).append(p)
+        unknown = named.keys() - NORMUON_TABLE.keys() - ADAM_TABLE.keys()
+        if unknown:
+            raise ValueError(f"no optimizer for the parameters labelled {sorted(unknown)}: not GPT2026's")
+        groups = [dict(params=named[key], label=key, kind='normuon', base_lr=NORMUON_LR, lr_multiplier=multiplier,
+                       n_matrices=n_matrices) for key, (n_matrices, multiplier) in NORMUON_TABLE.items()]
+        groups += [dict(params=named[key], label=key, kind='adam', base_lr=ADAM_LR, lr_multiplier=multiplier,
+                        betas=betas, weight_decay=ADAM_WEIGHT_DECAY * wd_multiplier)
+                   for key, (betas, multiplier, wd_multiplier) in ADAM_TABLE.items()]
+        super().__init__(groups, dict(lr=0.0, momentum=0.0))
+        self.orthogonalization_dtype = orthogonalization_dtype
+        self.adam_steps = True
+
+    def schedule(self, step):
+        """The record's lrs, momentum and Adam's turn for optimizer step `step` (from 0)."""
+        for group in self.param_groups:
+            group['lr'] = group['base_lr'] * lr_factor_at(step)  # the multiplier applies in the update
+            group['momentum'] = momentum_at(step)
+        self.adam_steps = adam_steps_at(step)
+
+    def stepped_groups(self):
+        return [group for group in self.param_groups if group['kind'] == 'normuon' or self.adam_steps]
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.stepped_groups():
+            for p in group['params']:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state.update(self.initial_state(p, group))
+                if group['kind'] == 'normuon':
+                    normuon_update(p, p.grad, state, group['lr'], group['lr_multiplier'], group['momentum'],
+                                   group['n_matrices'], self.orthogonalization_dtype)
+                else:
+                    adam_update(p, p.grad, state, group['lr_multiplier'] * group['lr'], group['betas'],
+                                group['weight_decay'])
+
+    @staticmethod
+    def initial_state(p, group):
+        """Zero moments in fp32 (fp64 for fp64 weights); NorMuon's second moment one value per row of each matrix
+        (per column where it is wide)."""
+        dtype = torch.promote_types(p.dtype, torch.float32)
+        if group['kind'] == 'adam':
+            return dict(step=0, exp_avg=torch.zeros_like(p, dtype=dtype), exp_avg_sq=torch.zeros_like(p, dtype=dtype))
+        rows, cols = p.size(0) // group['n_matrices'], p.size(1)
+        shape = (group['n_matrices'], rows, 1) if rows >= cols else (group['n_matrices'], 1, cols)
+        return dict(momentum_buffer=torch.zeros_like(p, dtype=dtype),
+                    second_momentum=torch.zeros(shape, dtype=dtype, device=p.device))
+
+    def zero_grad(self, set_to_none=True):
+        """The gradients of the parameters the last step updated; Adam's wait for its step after a step without."""
+        for group in self.stepped_groups():
+            for p in group['params']:
+                if set_to_none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad.zero_()
+
+
+@torch.no_grad()
+def split_embedding(model, optimizer):
+    """The record's split, after SPLIT_STEP's update: the model's embedding becomes a copy of the head
+    (GPT2026.untie_embedding) and takes the head's Adam state, moments and step count, to train on its own."""
+    model.untie_embedding()
+    head = optimizer.state[model.lm_head.weight]
+    optimizer.state[model.transformer.wte.weight] = {k: v.clone() if torch.is_tensor(v) else v for k, v in head.items()}
