@@ -178,9 +178,9 @@ def card_runs(tmp_path_factory):
 
 def test_card_mode_on_a_cpu_checks_runs_train_py_on_a_preset_and_profiles_scaled_down(card_runs):
     """The card command's own code at a CPU's scale: the checks pass on randomized weights (losses away from ln(V),
-    nonzero gradient differences), but for FlexAttention's, CUDA only; train.py on the speedrun preset through every phase, its figures from its
-    phase log and its hours; nanoGPT's path; the profile's top operators; the lines as they run, card.md and
-    card.json."""
+    nonzero gradient differences), but for FlexAttention's, CUDA only; train.py on the speedrun preset through every
+    phase, its figures from its phase log and its hours; nanoGPT's path; the profile's top operators; the lines as
+    they run, card.md and card.json."""
     report, [(result, _, data, markdown), _] = card_runs
     assert result.returncode == 0, result.stderr
     assert data['scaled_down'] and list(data['checks']) == [name for name, _ in card_checks.CHECKS]
@@ -217,8 +217,8 @@ def test_card_mode_on_a_cpu_checks_runs_train_py_on_a_preset_and_profiles_scaled
     row_line = next(i for i, line in enumerate(lines) if line.startswith(f'| {SPEEDRUN} | 12 GB | '))
     assert row_line < lines.index('# cpu (presets scaled down)')  # printed as measured, before the report
     assert markdown.startswith('# cpu (presets scaled down)\n')
-    assert all(f'\n| {name} | pass | ' in markdown for name in ('compiled against eager', 'varlen kernel against masked',
-                                                               'bf16 weights against fp32'))
+    assert all(f'\n| {name} | pass | ' in markdown
+               for name in ('compiled against eager', 'varlen kernel against masked', 'bf16 weights against fp32'))
     assert "nanoGPT's path, config/train_gpt2.py: micro-batch 2 x 64" in markdown
     assert lines[row_line] + '\n' in markdown and '| done | ran every phase, no cap (a CPU) |' in lines[row_line]
     assert '| train_gpt2_4gb.py |  | n/a | n/a | n/a / n/a |  | not yet measured |' in markdown

@@ -54,7 +54,8 @@ def test_the_report_gives_each_check_beside_its_noise_and_each_preset_as_its_car
     assert (f'| {SPEEDRUN} | 12 GB | 11.00 | 8.00 (10.00) | 8.00 / 8.50 | done | fits (8.50 / 11.00 GiB) | 42 (6) '
             f'| 0.500 | 0.0500 | 100,000 | 40.0% | 1.50 + 0.25 |') in lines
     assert ('| train_gpt2_4gb.py | 4 GB | 3.00 | 2.00 (3.00) | 2.00 / 2.90 | evaluation | FAIL at evaluation: error: '
-            'out of memory during evaluation at micro-batch 4. | n/a (n/a) | n/a | n/a | n/a | n/a | n/a + n/a |') in lines
+            'out of memory during evaluation at micro-batch 4. | n/a (n/a) | n/a | n/a | n/a | n/a | n/a + n/a |'
+            ) in lines
     assert ("| finetune_gpt2xl_8gb.py | 8 GB | n/a | n/a | n/a / n/a |  | skipped: optim='adamw_8bit' needs torchao "
             "| n/a (n/a) |") in card_report.markdown(result)
     assert any(line.startswith('| finetune_gpt2large_8gb.py | 8 GB | 7.40 | ') and
