@@ -2,8 +2,8 @@
 keeping each figure as soon as it is measured (card.md and card.json rewritten atomically after each part:
 training/card_report.py), and measuring in a later run only what its report still lacks.
 
-Its parts, each in child processes of its own (this process never starts CUDA, so each child has the GPU as a train.py
-run would), in this order:
+Its parts, each in child processes of its own (this process allocates nothing on the GPU, so each child has its memory
+as a train.py run would), in this order:
 1. the checks (training/card_checks.py's CHECKS, each a result of its own), on the speedrun preset's model;
 2. each card preset (config/*_<N>gb.py): train.py itself, held to the card it names (training/card_train.py); the
    speedrun preset first, then the other 12 GB presets, then the rest, each group from the smallest model up

@@ -2,9 +2,9 @@
 device and what it lacks for each preset, the checks, nanoGPT's path, the profile (training/card_profile.py); each
 preset's train.py runs are children too (training/card_train.py). A child hung in compilation cannot be interrupted
 from its own thread, but it can be ended at its limit with the rest of the card kept; and the GPU's memory is the
-child's alone, as in a train.py run (card.py's own process never starts CUDA). The child prints the phase it enters
-and, as each phase starts, writes what it has measured so far to its result file (atomically): a stopped child leaves
-its phase and its figures.
+child's alone, as in a train.py run (card.py's own process allocates nothing there). The child prints the phase it
+enters and, as each phase starts, writes what it has measured so far to its result file (atomically): a stopped child
+leaves its phase and its figures.
 
 $ python -m training.card_measure '<job as JSON>' <result.json>   (job: its kind, 'device', 'checks', 'nanogpt_path'
                                                                      or 'profile', and their arguments)"""
@@ -171,7 +171,7 @@ def measure_device(paths, device, device_type, tiny):
     """This machine as the card needs it: the device's name (a CPU's says the presets are scaled down), its memory
     and dense bf16 peak (MFU's), and for each preset of `paths` the one line of train.py's own checks that it fails
     here, if any: what it needs and this machine lacks (torchao for 8-bit AdamW, an Ampere GPU for bf16, CUDA for
-    FlexAttention). Checked here, where CUDA may start, not in the card's own process."""
+    FlexAttention). Checked in a child, as everything that uses the GPU."""
     lacks = {}
     for path in paths:
         config, _, _ = load_preset(path, tiny)
