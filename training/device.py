@@ -104,5 +104,7 @@ def cap_memory(device, cap_gib):
     """This process's CUDA caching allocator on `device` held to cap_gib GiB (set_per_process_memory_fraction), as a
     card of that size would hold it: a larger GPU then runs out of memory where that card would. Called before the
     first allocation, so that nothing is reserved beyond it."""
-    total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(memory_fraction(cap_gib * GIB, total), device)
+    index = torch.device(device).index # 'cuda' names the current GPU, which the allocator takes only by index
+    index = torch.cuda.current_device() if index is None else index
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(memory_fraction(cap_gib * GIB, total), index)

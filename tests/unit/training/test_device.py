@@ -1,8 +1,10 @@
 """training/device.py: the device and dtype check, and the GPUs' peak FLOPS."""
+import types
+
 import pytest
 import torch
 
-from training.device import GIB, PEAK_TFLOPS, check_device, memory_fraction, peak_flops
+from training.device import GIB, PEAK_TFLOPS, cap_memory, check_device, memory_fraction, peak_flops
 from training.errors import ConfigError
 
 
@@ -40,6 +42,22 @@ def test_peak_flops_by_device_name(monkeypatch):
     for name in ('NVIDIA GeForce RTX 3060 Laptop GPU', 'Some Future GPU'):
         monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device, name=name: name)
         assert peak_flops('cuda') is None
+
+
+@pytest.mark.parametrize('device, index', [('cuda', 0), ('cuda:1', 1)])
+def test_the_cap_is_set_on_the_gpus_index_as_cuda_takes_it(monkeypatch, device, index):
+    """torch.cuda.set_per_process_memory_fraction refuses a device without an index ('cuda', train.py's default): the
+    stand-in refuses it as CUDA does, and the cap names the current GPU's index instead."""
+    def set_fraction(fraction, device):  # CUDA's check, then the call recorded
+        if not isinstance(device, int) and torch.device(device).index is None:
+            raise ValueError(f'Expected a torch.device with a specified index or an integer, but got:{device}')
+        calls.append((fraction, device))
+    calls = []
+    monkeypatch.setattr(torch.cuda, 'set_per_process_memory_fraction', set_fraction)
+    monkeypatch.setattr(torch.cuda, 'current_device', lambda: 0)
+    monkeypatch.setattr(torch.cuda, 'get_device_properties', lambda i: types.SimpleNamespace(total_memory=140 * GIB))
+    cap_memory(device, 11)
+    assert calls == [(pytest.approx(11 / 140), index)]
 
 
 def test_the_memory_cap_is_its_share_of_the_gpu_and_never_more_than_the_gpu():
