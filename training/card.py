@@ -145,7 +145,7 @@ def measured(job, limit, progress):
 
 def continued(previous, facts, tiny, report, progress):
     """The result this run adds to: a new one, or the report of an earlier run on this GPU and torch (ConfigError for
-    another's), without its preset rows of an earlier card (measured outside train.py, without a cap)."""
+    another's)."""
     result = dict(device=facts['device'], torch=torch.__version__, scaled_down=tiny, checks={}, presets=[],
                   nanogpt_path=None, profile=None, runs=[])
     if previous is None:
@@ -154,13 +154,8 @@ def continued(previous, facts, tiny, report, progress):
         raise ConfigError(f"card_report={report} is the report of {previous['device']} with torch "
                           f"{previous['torch']}, not of this {facts['device']} with torch {torch.__version__}: pass "
                           f"another --card_report (one report per GPU and torch version)")
-    earlier = [row['preset'] for row in previous.get('presets', []) if 'card_gib' not in row]
-    if earlier:
-        progress(f"card: {', '.join(earlier)}: measured by an earlier card, outside train.py and without a cap: "
-                 f"measured again")
     return dict(result, checks=previous.get('checks', {}), nanogpt_path=previous.get('nanogpt_path'),
-                profile=previous.get('profile'), runs=previous.get('runs', []),
-                presets=[row for row in previous.get('presets', []) if 'card_gib' in row])
+                profile=previous.get('profile'), runs=previous.get('runs', []), presets=previous.get('presets', []))
 
 
 def plan(result, paths, code):

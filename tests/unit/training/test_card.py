@@ -15,7 +15,7 @@ import flash_varlen_on_a_cpu
 import model as model_lib
 import training.optim
 from helpers import PATCHES
-from training import card, card_checks, card_measure
+from training import card, card_checks
 from training.card_measure import SPEEDRUN, load_preset
 from training.card_report import STALE
 from training.errors import ConfigError
@@ -373,22 +373,6 @@ def test_a_report_of_another_gpu_or_torch_is_refused_in_one_line(children, tmp_p
         card.run('cpu', 'cpu', [SPEEDRUN], report=tmp_path / 'card', progress=lambda line: None)
 
 
-def test_an_earlier_cards_report_keeps_its_checks_as_stale_and_measures_its_presets_again(children, tmp_path):
-    """The H200's report of the card before this one: its preset row was measured outside train.py, without a cap."""
-    with open(os.path.join(card_measure.ROOT, 'docs', 'cards', 'nvidia-h200-torch2.11.json')) as f:
-        earlier = json.load(f)
-    (tmp_path / 'card.json').write_text(json.dumps(dict(earlier, device='a CPU', torch=torch.__version__)))
-    calls, *_ = children
-    lines = []
-    result = card.run('cpu', 'cpu', [SPEEDRUN], seconds=0, report=tmp_path / 'card', progress=lines.append)
-    assert result['presets'] == [] and f'card: {SPEEDRUN}: measured by an earlier card, outside train.py and ' \
-                                       f'without a cap: measured again' in lines
-    assert all(check['stale'] for check in result['checks'].values()) and result['nanogpt_path']['stale']
-    left = result['runs'][-1]['left']  # never measured, then the stale checks and nanoGPT's path
-    assert left[-2:] == ["checks: compiled against eager, varlen kernel against masked, bf16 weights against fp32",
-                         "nanoGPT's path"] and left.index(SPEEDRUN) < left.index('profile')
-
-
 @pytest.fixture
 def only_presets(monkeypatch):
     """The card's children but the presets' train.py runs replaced (the device a CPU, the other parts measured)."""
@@ -416,7 +400,7 @@ def test_an_out_of_memory_error_at_the_evaluation_is_a_fail_row_naming_it_and_th
         assert row['fits'] is False and row['phase_reached'] == 'evaluation', row
         assert row['error'].startswith('error: out of memory during evaluation at micro-batch 2.')
         assert row['estimated_peak_bytes'] > 0 and 'step_seconds' not in row and row['fingerprint']
-    assert f'| FAIL at evaluation: error: out of memory during evaluation at micro-batch 2. |' in \
+    assert '| FAIL at evaluation: error: out of memory during evaluation at micro-batch 2. |' in \
         (tmp_path / 'card.md').read_text()
 
 
