@@ -12,7 +12,7 @@ hellaswag.py   HellaSwag's validation set and its scoring (hellaswag.py, train.p
 paths.py       where relative paths point, and the check that out_dir can be written
 errors.py      ConfigError and fail(): one line, exit status 2
 phase_log.py   train.py's phase_log: a JSON line as each phase begins, with its time and peak memory
-card.py        bench.py --mode=card: its parts, their order and fingerprints, in child processes (card_measure.py):
-               its checks (card_checks.py), train.py on each preset under its card's cap (card_train.py), the profile
-               (card_profile.py); its report (card_report.py)
+card.py        bench.py --mode=card: its parts, their order and fingerprints, each in a child process (card_child.py):
+               its checks (card_checks.py), the device and nanoGPT's path (card_measure.py), train.py on each preset
+               under its card's cap (card_train.py), the profile (card_profile.py); its report (card_report.py)
 """

@@ -7,7 +7,7 @@ as a train.py run would), in this order:
 1. the checks (training/card_checks.py's CHECKS, each a result of its own), on the speedrun preset's model;
 2. each card preset (config/*_<N>gb.py): train.py itself, held to the card it names (training/card_train.py); the
    speedrun preset first, then the other 12 GB presets, then the rest, each group from the smallest model up
-   (preset_paths);
+   (card_train.preset_paths);
 3. nanoGPT's path (training/card_measure.py): config/train_gpt2.py's model with our loss and with the full logits;
 4. the profile (training/card_profile.py): the speedrun preset's step and nanoGPT's compiled step.
 
@@ -33,11 +33,10 @@ import time
 import torch
 
 from training import card_checks
-from training.card_measure import NANOGPT_CONFIG, ROOT, SPEEDRUN, load_preset, run_child
+from training.card_measure import NANOGPT_CONFIG, ROOT, SPEEDRUN, run_child
 from training.card_report import check_line, nanogpt_lines, preset_line, profile_lines, read_report, write_report
-from training.card_train import PRESET_PATTERN, card_gib, run_preset
+from training.card_train import preset_paths, run_preset
 from training.errors import ConfigError
-from training.memory.floor import training_floor
 
 # the training code every figure depends on, with training/'s modules but the card's own (card*.py)
 CODE = ('train.py', 'model.py', 'attention.py', 'chunked_loss.py', 'configurator.py')
@@ -50,20 +49,6 @@ PART_FILES = {
                 f'config/{NANOGPT_CONFIG}'),
 }
 NEVER, STOPPED, STALE = 0, 1, 2 # a part to measure, in this order: never measured, stopped by a time limit, stale
-
-
-def preset_paths(config_dir='config'):
-    """The card presets, config/*_<N>gb.py, in the card's order: the speedrun preset, the other 12 GB presets, then
-    the rest; each group from the least memory up (training_floor: weights, gradients and block inputs, a model's
-    size), so that a short run covers the most presets, and of two alike the larger card's first (fewer memory
-    levers: a quicker run)."""
-    paths = [p for p in glob.glob(os.path.join(config_dir, '*gb.py')) if PRESET_PATTERN.search(p)]
-
-    def order(path):
-        config, _, model_args = load_preset(path, tiny=False)
-        return (os.path.basename(path) != SPEEDRUN, card_gib(path) != 12,
-                sum(training_floor(config, model_args).values()), -card_gib(path), os.path.basename(path))
-    return sorted(paths, key=order)
 
 
 def selected(paths, names):
@@ -129,7 +114,7 @@ def measured(job, limit, progress):
     and 'phase', the phase it ended in."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, 'result.json')
-        status, last = run_child([sys.executable, '-m', 'training.card_measure', json.dumps(job), path], limit[0],
+        status, last = run_child([sys.executable, '-m', 'training.card_child', json.dumps(job), path], limit[0],
                                  progress)
         row = {}
         if os.path.exists(path):

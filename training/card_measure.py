@@ -1,22 +1,16 @@
-"""bench.py --mode=card's measurements, each run by training/card.py in a child process of its own (run_child): the
-device and what it lacks for each preset, the checks, nanoGPT's path, the profile (training/card_profile.py); each
-preset's train.py runs are children too (training/card_train.py). A child hung in compilation cannot be interrupted
-from its own thread, but it can be ended at its limit with the rest of the card kept; and the GPU's memory is the
-child's alone, as in a train.py run (card.py's own process allocates nothing there). The child prints the phase it
-enters and, as each phase starts, writes what it has measured so far to its result file (atomically): a stopped child
-leaves its phase and its figures.
-
-$ python -m training.card_measure '<job as JSON>' <result.json>   (job: its kind, 'device', 'checks', 'nanogpt_path'
-                                                                     or 'profile', and their arguments)"""
+"""bench.py --mode=card's measurements, each run by training/card.py in a child process of its own (run_child, the
+child being training/card_child.py): the device and what it lacks for each preset, the checks, nanoGPT's path (the
+profile: training/card_profile.py); each preset's train.py runs are children too (training/card_train.py). A child
+hung in compilation cannot be interrupted from its own thread, but it can be ended at its limit with the rest of the
+card kept; and the GPU's memory is the child's alone, as in a train.py run (card.py's own process allocates nothing
+there)."""
 import contextlib
 import io
 import itertools
-import json
 import os
 import signal
 import statistics
 import subprocess
-import sys
 import threading
 import time
 
@@ -202,41 +196,3 @@ def measure_checks(path, names, device, device_type, tiny, report):
         if device_type == 'cuda': # the next check's models on an empty GPU
             torch.cuda.empty_cache()
     return result
-
-
-def measure(job, report):
-    """The figures of `job`, by its kind."""
-    device, device_type, tiny = job['device'], job['device_type'], job['tiny']
-    if job['kind'] == 'device':
-        return measure_device(job['paths'], device, device_type, tiny)
-    if job['kind'] == 'checks':
-        return measure_checks(job['path'], job['checks'], device, device_type, tiny, report)
-    if job['kind'] == 'profile':
-        from training.card_profile import measure_profile # the profiler's module, for that job alone
-        return measure_profile(device, device_type, tiny, report)
-    return measure_nanogpt_path(device, device_type, job['steps'], tiny, report)
-
-
-def main(job, path):
-    """Runs `job` and writes its result to `path`: its figures and phase (as it goes), then 'done', or 'error' (the
-    error's line) or 'skipped' (a lever this machine lacks, or its memory)."""
-    row = {} # the figures of the last phase reported, kept where a later phase fails
-
-    def report(phase, figures):
-        row.update(figures)
-        print(f"{job['name']}: {phase}", flush=True)
-        write_atomically(path, json.dumps(dict(row, phase=phase)))
-
-    try:
-        row.update(measure(job, report))
-    except ConfigError as e: # a lever this machine lacks
-        row['skipped'] = str(e)
-    except torch.OutOfMemoryError:
-        row['skipped'] = 'out of memory'
-    except Exception as e: # the card goes on with its next part; the row says what failed
-        row['error'] = f'{type(e).__name__}: {first_line(e)}'
-    write_atomically(path, json.dumps(dict(row, phase='done')))
-
-
-if __name__ == '__main__':
-    main(json.loads(sys.argv[1]), sys.argv[2])

@@ -217,6 +217,6 @@ def committed_reports(folder):
 
 
 if __name__ == '__main__':
-    from training.card import preset_paths
+    from training.card_train import preset_paths
     print(coverage([os.path.basename(path) for path in preset_paths('config')], committed_reports(sys.argv[1])),
           end='')

@@ -10,6 +10,7 @@ While the first run runs, the card's own process estimates the preset (training/
 the row's estimate beside the measured memory. On a CPU the preset runs at card_measure.TINY's scale, eager, with no
 cap: its figures say that the code works."""
 import collections
+import glob
 import math
 import os
 import pickle
@@ -24,9 +25,10 @@ import torch
 
 from model import GPT, GPT2_VOCAB_SIZE, GPTConfig
 from training import phase_log
-from training.card_measure import load_preset, run_child
+from training.card_measure import SPEEDRUN, load_preset, run_child
 from training.errors import first_line
 from training.memory import estimate as em
+from training.memory.floor import training_floor
 from training.rules import DEFAULT_VOCAB_SIZE
 from training.schedule import scheduled_window
 
@@ -39,6 +41,20 @@ def card_gib(path):
     """The card a preset names, in GiB (a "12 GB" card has 12 GiB, as the estimate counts it)."""
     return int(PRESET_PATTERN.search(os.path.basename(path)).group(1))
 
+
+
+def preset_paths(config_dir='config'):
+    """The card presets, config/*_<N>gb.py, in the card's order: the speedrun preset, the other 12 GB presets, then
+    the rest; each group from the least memory up (training_floor: weights, gradients and block inputs, a model's
+    size), so that a short run covers the most presets, and of two alike the larger card's first (fewer memory
+    levers: a quicker run)."""
+    paths = [p for p in glob.glob(os.path.join(config_dir, '*gb.py')) if PRESET_PATTERN.search(p)]
+
+    def order(path):
+        config, _, model_args = load_preset(path, tiny=False)
+        return (os.path.basename(path) != SPEEDRUN, card_gib(path) != 12,
+                sum(training_floor(config, model_args).values()), -card_gib(path), os.path.basename(path))
+    return sorted(paths, key=order)
 
 def cap_bytes(config, card):
     """The allocator's cap that stands for a card of `card` GiB: the card less the headroom the estimate leaves to

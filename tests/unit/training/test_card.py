@@ -15,7 +15,7 @@ import flash_varlen_on_a_cpu
 import model as model_lib
 import training.optim
 from helpers import PATCHES
-from training import card, card_checks
+from training import card, card_checks, card_train
 from training.card_measure import SPEEDRUN, load_preset
 from training.card_report import STALE
 from training.errors import ConfigError
@@ -154,9 +154,9 @@ def test_unjudged_gradients_are_reported_and_pass():
 
 
 def test_the_speedrun_preset_comes_first_then_the_12gb_ones_then_the_rest_each_smallest_first():
-    names = [os.path.basename(path) for path in card.preset_paths('config')]
+    names = [os.path.basename(path) for path in card_train.preset_paths('config')]
     assert names[0] == SPEEDRUN and 'train_gpt2.py' not in names and 'eval_gpt2.py' not in names
-    assert all(card.PRESET_PATTERN.search(name) for name in names)
+    assert all(card_train.PRESET_PATTERN.search(name) for name in names)
     twelve = [name for name in names if name.endswith('_12gb.py')]
     assert names[:len(twelve)] == twelve
     assert twelve.index('train_shakespeare_char_12gb.py') < twelve.index('train_openwebtext_12gb.py') < \
@@ -166,7 +166,7 @@ def test_the_speedrun_preset_comes_first_then_the_12gb_ones_then_the_rest_each_s
 
 
 def test_card_presets_are_picked_by_name_with_or_without_py_and_an_unknown_one_is_one_line():
-    paths = card.preset_paths('config')
+    paths = card_train.preset_paths('config')
     assert [os.path.basename(p) for p in card.selected(paths, ['train_gpt2_4gb', SPEEDRUN])] == [
         SPEEDRUN, 'train_gpt2_4gb.py']  # in the card's order
     assert card.selected(paths, []) == paths

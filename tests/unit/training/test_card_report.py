@@ -4,7 +4,7 @@ hours), and docs/cards/README.md's table of presets by committed report, which m
 import os
 
 from training import card_checks, card_report
-from training.card import preset_paths
+from training.card_train import preset_paths
 from training.card_measure import ROOT, SPEEDRUN
 
 GIB = 2 ** 30
