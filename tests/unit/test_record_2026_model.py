@@ -365,8 +365,8 @@ def test_the_model_on_flashattentions_varlen_kernel_has_the_masked_attentions_lo
     segments = attention.position_segments
     monkeypatch.setattr(attention, 'position_segments', lambda docs: calls.append(docs.shape) or segments(docs))
     with flash_varlen_on_a_cpu.full_precision():
-        (loss, grads), (kernel_loss, kernel_grads) = (port(port_model(stage, attend), stage)
-                                                      for attend in (gpt2026.attend, attention.window_document_attention))
+        loss, grads = port(port_model(stage), stage)
+        kernel_loss, kernel_grads = port(port_model(stage, attention.window_document_attention), stage)
     # each attention layer's documents: the paired ones over twice the positions
     assert calls == [(2, 2 * T if kind == 'paired' else T) for kind, _ in gpt2026.RECORD_LAYERS if kind]
     assert relative_error(kernel_loss, loss) < TOLERANCE and grads.keys() == kernel_grads.keys()
