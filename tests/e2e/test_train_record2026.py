@@ -2,7 +2,9 @@
 training), scaled down on a CPU: the record's 11 layers 32 wide, rows of 32 characters, a document at each newline.
 It trains, evaluates and checkpoints; a resume repeats the uninterrupted run from a checkpoint taken after an even
 iteration (Adam's gradients, kept for its next step, saved with it) and across the record's batch growth and split;
-sample.py samples from its checkpoint; export_hf.py refuses it in one line."""
+sample.py samples from its checkpoint; export_hf.py and hellaswag.py refuse it in one line."""
+import json
+
 import torch
 
 from helpers import ROOT, load, logged_losses, run_script, write_char_dataset
@@ -27,7 +29,8 @@ def same_weights(a, b):
 
 def test_the_record_trains_evaluates_checkpoints_and_resumes_exactly(tmp_path):
     """Iterations 0 to 6, evaluated at 0, 3 and 6: the validation loss falls; stopped at 3 and resumed, the same
-    losses and weights. The checkpoint at 3 holds the gradients of Adam's parameters from iteration 2."""
+    losses and weights. The checkpoint at 3 holds the gradients of Adam's parameters from iteration 2. sample.py
+    samples from it; export_hf.py and hellaswag.py refuse it in one line."""
     data = tmp_path / 'data'
     write_char_dataset(data)
     whole = train(data, tmp_path / 'whole', '--max_iters=6', '--eval_interval=3')
@@ -48,6 +51,10 @@ def test_the_record_trains_evaluates_checkpoints_and_resumes_exactly(tmp_path):
     exported = run_script('export_hf.py', f'--out_dir={tmp_path / "split"}')
     assert exported.returncode == 2 and "holds a model of gpt2026.py, which export_hf.py does not export" in \
         exported.stderr and len(exported.stderr.strip().splitlines()) == 1
+    (tmp_path / 'hellaswag.jsonl').write_text(json.dumps(dict(ctx='The cat', endings=['a', 'b', 'c', 'd'], label=0)))
+    scored = run_script('hellaswag.py', f'--out_dir={tmp_path / "split"}', '--device=cpu', '--dtype=float32',
+                        f'--data_path={tmp_path / "hellaswag.jsonl"}')
+    assert scored.returncode == 2 and scored.stderr.strip().endswith('holds a GPT2026, whose loss gives none')
 
 
 def test_resume_across_the_batch_growth_and_the_split_repeats_the_run(tmp_path):
