@@ -240,7 +240,7 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
              f"{config['gradient_accumulation_steps']}, activation checkpointing "
              f"{'on' if activation_checkpointing else 'off'}, {runs.optimizer_words(config)}")
     tracer = MemoryTracer(alignment)
-    record_loss = tracer.traced_loss(gpt2026.softcapped_mtp_loss)  # gpt2026.py's own loss, counted as model.py's
+    record_loss = tracer.traced_loss(gpt2026.softcapped_mtp_loss)  # gpt2026.py's loss, in the loss path as model.py's
     with (sharded_rank(config) as mesh, FakeTensorMode(), tracer, optim.representative_updates_only(),
           mock.patch.object(attention_module, 'document_segments', rows_as_documents),
           mock.patch.object(attention_module, 'position_segments', lambda docs: rows_as_documents(docs, -1)),
