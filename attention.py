@@ -13,6 +13,9 @@ another can run; they differ in the kernel and the memory it takes:
 | masked | padded rows, no window | SDPA under a (T, T) mask |
 | cache | generation with a KVCache | SDPA under a mask of the new positions against all cached ones |
 
+Besides, window_document_attention: gpt2026.py's attention (its window by position within documents) in the same
+variable-length kernel, which a CUDA run passes to GPT2026 in place of its SDPA under a mask.
+
 Like model.py, this file needs only torch.
 """
 import functools
@@ -184,6 +187,27 @@ def document_attention(q, k, v, varlen_attn, dtype, cu_seqlens, longest, window)
     q, k, v = (t.transpose(1, 2).reshape(B * T, nh, hs).to(dtype) for t in (q, k, v)) # as SDPA casts them
     y = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, window_size=(window - 1 if window else -1, 0))
     return y.view(B, T, nh, hs).transpose(1, 2)
+
+@torch._disable_dynamo # as document_segments: the number of documents depends on the tokens
+def position_segments(docs):
+    """(cu_seqlens, longest) of docs (B, T), each position's document id (ids grow along a row): a segment starts at
+    each row and wherever the id changes, as varlen_attn takes them."""
+    starts = F.pad(docs.diff(dim=1) != 0, (1, 0), value=True)
+    cu_seqlens = F.pad(starts.view(-1).nonzero().view(-1), (0, 1), value=docs.numel()).to(torch.int32)
+    return cu_seqlens, int(cu_seqlens.diff().max())
+
+def window_document_attention(q, k, v, docs, window, scale):
+    """gpt2026.attend with FlashAttention's variable-length kernel, GPT2026's attention on CUDA (Ampere or later):
+    q, k, v (B, T, H, D), each query t seeing the keys from t - window to t of its document (docs (B, T): each
+    position's), window_size=(window, 0), without attend's (B, 1, T, T) mask; in autocast's dtype (q and k leave
+    RMSNorm in fp32 under it)."""
+    B, T, H, D = q.shape
+    device_type = q.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else v.dtype
+    cu_seqlens, longest = position_segments(docs)
+    q, k, v = (t.reshape(B * T, H, D).to(dtype) for t in (q, k, v))
+    y = flash_varlen_attn()(q, k, v, cu_seqlens, cu_seqlens, longest, longest, scale=scale, window_size=(window, 0))
+    return y.view(B, T, H, D)
 
 
 # -----------------------------------------------------------------------------

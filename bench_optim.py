@@ -110,7 +110,8 @@ if sweep: # the baseline's runs in its place, one a learning rate
     RUNS.update(sweep)
     names = [swept for name in names for swept in (sweep if name == 'baseline' else [name])]
 config.update(optimizer_in_backward=False, parallelism='ddp', weight_dtype='float32', init_from='scratch',
-              hellaswag=False, bias=False, dropout=0.0) # one process, standard step, a model from scratch
+              hellaswag=False, bias=False, dropout=0.0, model_file='model.py') # one process, standard step, a
+                                                                                # model.py GPT from scratch
 # the windows every run reads: `span` tokens, the longest sequence of any run, split into each run's sequences
 keys_by_run = {name: recipe.run_keys(RUNS[name], config) for name in names}
 span = max(keys['block_size'] for keys in keys_by_run.values())

@@ -22,7 +22,7 @@ import sys
 import time
 
 import configurator
-from training import optim, rules
+from training import optim, rules, runs
 from training.errors import ConfigError, fail
 from training.memory.estimate import (FRAGMENTATION, GIB, LOSSES, MIB, TRACED_ITERATIONS, check_config, estimate,
                                       gib)
@@ -59,7 +59,7 @@ def report(config, result):
              f"step: micro-batch {result['batch_size']} x {m['block_size']}, gradient_accumulation_steps="
              f"{result['gradient_accumulation_steps']}, world_size={result['world_size']}, {result['dtype']} autocast "
              f"(cache {'on' if config['autocast_cache'] else 'off'}), {config['weight_dtype']} weights, "
-             f"{optim.describe(config['optim'], config['optimizer_in_backward'])}, {result['loss']} loss, "
+             f"{runs.optimizer_words(config)}, {result['loss']} loss, "
              f"activation checkpointing {checkpointing}",
              f"training peak of tensors: {gib(train['peak_bytes'])} ({TRACED_ITERATIONS} iterations traced, "
              f"{result['micro_steps_traced']} micro-step(s) each: later micro-steps repeat the 2nd)"]

@@ -6,8 +6,9 @@ anywhere. docs/record_2026.md says what the model is, what differs from the reco
 tests/unit/test_record_2026_model.py proves it equal to the record in float64.
 
 The record runs FP8 matmuls, FlashAttention 3 and Triton kernels; here they are torch's matmuls in the weights' (or
-autocast's) dtype, `attend` (SDPA under a mask; the one function a FlashAttention-style variable-length kernel with a
-window by position would replace) and a loss computed in chunks of rows, so that the (B*T, vocab) logits never exist.
+autocast's) dtype, `attend` (SDPA under a mask, on any device; GPT2026 takes another function of its arguments, such as
+attention.py's FlashAttention variable-length kernel with a window by position, which a CUDA run passes) and a loss
+computed in chunks of rows, so that the (B*T, vocab) logits never exist.
 
 What changes during the record's run is not in the weights; the training loop gives it:
 - forward's `windows` (short, long) and `mtp_weights`, those of the step;
@@ -117,8 +118,9 @@ def attend(q, k, v, docs, window, scale):
 
 class CausalSelfAttention(nn.Module):
 
-    def __init__(self, config, kind, value_embed):
+    def __init__(self, config, kind, value_embed, attend):
         super().__init__()
+        self.attend = attend
         self.n_head = config.n_head
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
@@ -145,9 +147,10 @@ class CausalSelfAttention(nn.Module):
             # token t's first H/2 heads at position 2t, its last H/2 at 2t + 1 (the record's layout): each query
             # attends to the keys of its head and of its pair, head h +- H/2, over twice the positions
             pair = lambda t: t.reshape(B, 2 * T, self.n_head // 2, -1)
-            y = attend(pair(q), pair(k), pair(v), docs.repeat_interleave(2, dim=1), window, scale).reshape(q.shape)
+            y = self.attend(pair(q), pair(k), pair(v), docs.repeat_interleave(2, dim=1), window, scale)
+            y = y.reshape(q.shape)
         else:
-            y = attend(q, k, v, docs, window, scale)
+            y = self.attend(q, k, v, docs, window, scale)
         y = y * torch.sigmoid(self.gate(gate_input))[..., None]
         return F.linear(y.reshape(B, T, C), self.lambdas[1] * self.c_proj.weight)
 
@@ -165,9 +168,10 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
 
-    def __init__(self, config, attention, value_table):
+    def __init__(self, config, attention, value_table, attend):
         super().__init__()
-        self.attn = None if attention is None else CausalSelfAttention(config, attention, value_table is not None)
+        self.attn = None if attention is None else CausalSelfAttention(config, attention, value_table is not None,
+                                                                         attend)
         self.mlp = MLP(config)
         self.long_window = attention == 'long'
 
@@ -181,8 +185,9 @@ class Block(nn.Module):
 
 class GPT2026(nn.Module):
 
-    def __init__(self, config, *, loss_chunk_rows=1024):
-        """loss_chunk_rows: the rows of logits the loss holds at once (fp32: 4 * vocab_size bytes each, 3 buffers)."""
+    def __init__(self, config, *, loss_chunk_rows=1024, attend=attend):
+        """loss_chunk_rows: the rows of logits the loss holds at once (fp32: 4 * vocab_size bytes each, 3 buffers).
+        attend: every attention layer's, a function of attend's arguments computing what it does."""
         super().__init__()
         self.config = config
         self.loss_chunk_rows = loss_chunk_rows
@@ -192,7 +197,7 @@ class GPT2026(nn.Module):
             wte=nn.Embedding(config.vocab_size, d),  # the input embedding once untied, lm_head's weight before
             bigram_embed=nn.Embedding(config.bigram_vocab_size, d),
             value_embeds=nn.ModuleList([nn.Embedding(config.vocab_size, d) for _ in range(len(tables))]),
-            h=nn.ModuleList([Block(config, attention, table) for attention, table in config.layers]),
+            h=nn.ModuleList([Block(config, attention, table, attend) for attention, table in config.layers]),
         ))
         self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
         # the embedding's previous token added to each position's, gated by the position's own (smear); the skip's
@@ -302,6 +307,20 @@ class GPT2026(nn.Module):
         loss = softcapped_mtp_loss(x.view(B * T, -1), self.lm_head.weight, *multi_token_targets(targets, mtp_weights),
                                    self.loss_chunk_rows)
         return None, loss if reduction == 'sum' else loss / (B * T)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """nanoGPT's sampling: max_new_tokens tokens appended to idx (B, T), each drawn from the capped logits of the
+        last position divided by temperature, the top_k most likely kept (None: all). The model runs on the whole
+        sequence for each token: no cache, and no block size to crop to (its windows bound what a position sees)."""
+        for _ in range(max_new_tokens):
+            logits, _ = self(idx)
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float('inf')
+            idx = torch.cat((idx, torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)), dim=1)
+        return idx
 
 
 def softcap(logits):

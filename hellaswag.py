@@ -13,7 +13,7 @@ from contextlib import nullcontext
 import torch
 
 import configurator
-from model import GPT2_VOCAB_SIZE
+from model import GPT, GPT2_VOCAB_SIZE
 from training.checkpoint import LOAD_CHOICES, load_model
 from training.data import get_encoding
 from training.device import DTYPES, TORCH_DTYPES, check_device, default_device, default_dtype
@@ -55,6 +55,9 @@ ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=de
 
 # model: from a checkpoint in out_dir, or OpenAI's GPT-2 weights, as sample.py loads them
 model, _ = load_model(init_from, out_dir, device)
+if not isinstance(model, GPT): # gpt2026.py's GPT2026: its loss is summed or averaged, never per token
+    fail(f"hellaswag.py scores model.py's GPT by its per-token losses; {out_dir}'s checkpoint holds a "
+         f"{type(model).__name__}, whose loss gives none")
 if model.config.vocab_size < GPT2_VOCAB_SIZE:
     fail(f"the model's vocab_size is {model.config.vocab_size}: HellaSwag is scored with GPT-2's BPE "
          f"({GPT2_VOCAB_SIZE} tokens), so it needs a model trained on GPT-2 tokens, not on characters")

@@ -43,7 +43,8 @@ from torch.distributed import init_process_group, destroy_process_group
 
 import configurator
 from training import rules
-from training.checkpoint import checkpoint_path, load_checkpoint, restore_training_state, save_checkpoint
+from training.checkpoint import (checkpoint_path, load_checkpoint, pending_gradients, restore_pending_gradients,
+                                 restore_training_state, save_checkpoint)
 from training.data import get_encoding, sequential_offsets
 from training.device import (TORCH_DTYPES, cap_memory, check_device, default_backend, default_compile,
                              default_device, default_dtype, peak_flops)
@@ -51,11 +52,10 @@ from training.errors import INTERRUPTED_STATUS, fail, first_line, install_handle
 from training.hellaswag import cached_val_file, evaluate, read_examples, report_cut_contexts
 from training.memory.advice import cuda_memory_stats, oom_advice
 from training.memory.floor import check_floor, training_floor
-from training.optim import schedule_groups
 from training.paths import check_writable_dir
 from training.parallel import collective_failure, exit_with_launcher, full_state_dicts, set_gradient_sync
 from training.phase_log import PhaseLog
-from training.schedule import attn_window_at, scheduled_lr
+from training.runs import make_run
 from training.step import Prefetcher, build, train_step
 
 install_handler() # bad input, found anywhere below, ends the run with one line and exit status 2 (training/errors.py)
@@ -99,6 +99,8 @@ eval_batch_size = 0 # estimate_loss's micro-batch (same windows, same loss), 0 =
 hellaswag = False # also score HellaSwag at each evaluation (GPT-2 tokens; its data: data_dir/hellaswag/)
 hellaswag_examples = 0 # with hellaswag: the first N validation examples, 0 = all 10,042
 # model
+model_file = 'model.py' # model.py's GPT (nanoGPT's, with the keys below), or gpt2026.py's GPT2026 trained as the
+                        # 24 Jan 2026 record (its optimizer and schedules: training/record2026.py; docs/record_2026.md)
 #: transformer blocks
 n_layer = 12
 #: attention heads per block; n_embd must be divisible by it
@@ -270,6 +272,9 @@ def get_batch(split, key, rows, rows_before=None):
     # We recreate np.memmap every batch to avoid a memory leak, as per
     # https://stackoverflow.com/questions/45132940/numpy-memmap-memory-usage-want-to-iterate-once/61472122#61472122
     data = np.memmap(os.path.join(data_path, f'{split}.bin'), dtype=np.uint16, mode='r')
+    if documents is not None: # gpt2026.py's rows, each from a document's start (training/documents.py)
+        tokens = torch.from_numpy(documents.rows(data, key, rows, rows_before))
+        return on_device(tokens[:, :-1], tokens[:, 1:])
     if rows_before is not None:
         return windows(data, sequential_offsets(len(data), block_size, rows_before, rows))
     return windows(data, np.random.default_rng(key).integers(len(data) - block_size, size=rows))
@@ -278,6 +283,9 @@ def windows(data, ix):
     """The block_size windows of `data` at offsets ix and their next-token targets, on the device."""
     x = torch.stack([torch.from_numpy((data[i:i+block_size]).astype(np.int64)) for i in ix])
     y = torch.stack([torch.from_numpy((data[i+1:i+1+block_size]).astype(np.int64)) for i in ix])
+    return on_device(x, y)
+
+def on_device(x, y):
     if device_type == 'cuda':
         # pin arrays x,y, which allows us to move them to GPU asynchronously (non_blocking=True)
         x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
@@ -288,12 +296,14 @@ def windows(data, ix):
 def train_batches(first_iter):
     """This rank's micro-batches from iteration first_iter on, in order: micro-step m of iteration `it` is global
     micro-step m * world + rank (batch_order='sequential': the rows after all earlier global micro-steps' rows)."""
+    micro_steps_before = sum(map(run.micro_steps, range(first_iter))) # all ranks', of the iterations before
     for it in itertools.count(first_iter):
-        for micro_step in range(gradient_accumulation_steps):
+        for micro_step in range(run.micro_steps(it) // ddp_world_size):
             micro = micro_step * ddp_world_size + ddp_rank
-            rows_before = (it * gradient_accumulation_steps * ddp_world_size + micro) * batch_size
+            rows_before = (micro_steps_before + micro) * batch_size
             yield get_batch('train', (seed, 0, it, micro), batch_size,
                             rows_before if batch_order == 'sequential' else None)
+        micro_steps_before += run.micro_steps(it)
 
 # init these up here, can override if init_from='resume' (i.e. from a checkpoint)
 iter_num = 0
@@ -332,12 +342,17 @@ if hellaswag: # its data and tokenizer before the weights: a missing file fails 
 model, optimizer = build(config, model_args, device, device_type, checkpoint, sharded=ddp)
 torch.manual_seed(seed + seed_offset) # then each rank its own dropout
 raw_model = model # the plain (or fully_shard-ed) module: saved, and asked for MFU, without DDP's and compile's wrappers
+# the model file's iteration: its schedules, forward's arguments and micro-steps (training/runs.py)
+run = make_run(config, raw_model, optimizer)
+# gpt2026.py's training rows start at documents (training/documents.py); model.py's are windows (None)
+documents = run.document_rows(os.path.join(data_path, 'train.bin'), block_size)
 
 # initialize a GradScaler. If enabled=False scaler is a no-op
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 if init_from == 'resume':
     # the optimizer's state, the GradScaler's and each rank's RNG: what an exact resume needs beyond the weights
     restore_training_state(checkpoint, optimizer, scaler, config, ddp_rank, ddp_world_size, device)
+    restore_pending_gradients(raw_model, checkpoint)
 checkpoint = None # free up memory
 saved_iter = iter_num if init_from == 'resume' else None # the iteration ckpt.pt holds, for Ctrl-C's line
 
@@ -351,18 +366,12 @@ def interrupted(e):
     return f'interrupted at iter {iter_num}: {held}', dict(status=INTERRUPTED_STATUS)
 on_error(KeyboardInterrupt, interrupted)
 
-def window_at(it):
-    """The sliding window of iteration `it`: attn_window, or on its way there with attn_window_warmup_iters."""
-    return attn_window_at(it, raw_model.config.attn_window, attn_window_warmup_start, attn_window_warmup_iters,
-                          attn_window_warmup_end)
-
 # compile the model
 if compile:
     print("compiling the model... (takes a ~minute)")
-    if attn_window_warmup_iters: # a window size is a shape of the masked attention: each may compile the model anew,
-        sizes = {window_at(it) for it in range(attn_window_warmup_iters + 1)} # in training and in evaluation;
-        dynamo = torch._dynamo.config # cache_size_limit: every torch from 2.4 has it (newer: recompile_limit's alias)
-        dynamo.cache_size_limit = max(dynamo.cache_size_limit, 2 * len(sizes) + 2)
+    # each window size (model.py's warmup) or stage of gpt2026.py's run may compile the model anew: run's count
+    dynamo = torch._dynamo.config # cache_size_limit: every torch from 2.4 has it (newer: recompile_limit's alias)
+    dynamo.cache_size_limit = max(dynamo.cache_size_limit, run.compiled_variants())
     model = torch.compile(model) # requires PyTorch 2.0
 
 # wrap model into DDP container (fsdp's sharding is done: before the optimizer, which must see the shards)
@@ -377,7 +386,7 @@ def estimate_loss(it):
     out = {}
     model.eval()
     rows = eval_batch_size or batch_size
-    window = window_at(it) # the sliding window the model trains with at `it`
+    forward_args = run.forward_args(it, training=False) # the sliding window (or windows) the model trains with at `it`
     share = math.ceil(eval_iters * batch_size / ddp_world_size) # windows per rank: the same number on every rank,
     for split_index, split in enumerate(['train', 'val']):      # as fsdp's forward is a collective
         data = np.memmap(os.path.join(data_path, f'{split}.bin'), dtype=np.uint16, mode='r')
@@ -387,7 +396,7 @@ def estimate_loss(it):
         for start in range(ddp_rank * share, (ddp_rank + 1) * share, rows):
             X, Y = windows(data, offsets[start:min(start + rows, (ddp_rank + 1) * share)])
             with ctx:
-                logits, loss = model(X, Y, attn_window=window)
+                logits, loss = model(X, Y, **forward_args)
             loss_sum += loss.float() * len(X) # every window has block_size targets: weight by rows
         if ddp:
             dist.all_reduce(loss_sum)
@@ -466,10 +475,8 @@ on_error(torch.OutOfMemoryError, oom_message)
 
 while True:
 
-    # determine and set the learning rate for this iteration
-    lr = scheduled_lr(iter_num, config) if decay_lr else learning_rate # lr_schedule's: nanoGPT's cosine or wsd
-    window = window_at(iter_num) # and the sliding window's size, during its warmup
-    schedule_groups(optimizer, iter_num, lr, config) # optim='muon': each group's lr in proportion, Muon's momentum
+    # determine and set the learning rate for this iteration, and what else the model file's run schedules
+    lr = run.start_step(iter_num) # model.py's: lr_schedule's, the sliding window; gpt2026.py's: the record's
 
     # evaluate the loss on train/val sets and write checkpoints
     if iter_num % eval_interval == 0 or eval_only:
@@ -510,6 +517,7 @@ while True:
                         'config': config,
                         'scaler': scaler.state_dict(),
                         'rng_states': rng_states,
+                        'pending_gradients': pending_gradients(raw_model), # gpt2026.py's Adam's, after an even iter
                     }, out_dir)
                 saved_iter = iter_num
                 model_state = optimizer_state = None # free the gathered copies before training goes on
@@ -519,8 +527,11 @@ while True:
     # forward backward update, with optional gradient accumulation to simulate larger batch size
     # and using the GradScaler if data type is float16 (training/step.py: the step the estimator and benchmarks take)
     phases.enter('step', iter_num)
-    loss_sum, grad_norm = train_step(model, optimizer, batches, gradient_accumulation_steps, ctx, scaler, grad_clip,
-                                     window, set_sync if ddp else None)
+    micro_steps = run.micro_steps(iter_num) // ddp_world_size # gpt2026.py's grow with the record's batch
+    loss_sum, grad_norm = train_step(model, optimizer, batches, micro_steps, ctx, scaler, grad_clip, None,
+                                     set_sync if ddp else None, run.forward_args(iter_num), run.gradient_scale)
+    run.end_step(iter_num) # gpt2026.py's embedding splits from its head at two thirds
+    tokens_per_iter = micro_steps * ddp_world_size * batch_size * block_size
 
     # timing and logging
     t1 = time.time()
@@ -534,7 +545,7 @@ while True:
         if not math.isfinite(lossf):
             fail_not_finite('the training loss', lossf)
         if local_iter_num >= 5 and device_peak is not None: # let the training loop settle a bit
-            mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, device_peak[0], window)
+            mfu = run.mfu(iter_num, batch_size * micro_steps, dt, device_peak[0])
             running_mfu = mfu if running_mfu == -1.0 else 0.9*running_mfu + 0.1*mfu
         seconds_per_iter = (t1 - t_start) / (local_iter_num + 1)
         eta = datetime.timedelta(seconds=round(max(max_iters - iter_num, 0) * seconds_per_iter))

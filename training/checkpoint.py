@@ -2,7 +2,8 @@
 hellaswag.py load from it, from OpenAI's GPT-2 weights or from a local Hugging Face GPT-2 folder.
 
 nanoGPT's keys: model, optimizer, model_args, iter_num, best_val_loss, config. train.py adds what exact resume
-needs (scaler, rng_states); a checkpoint without them, e.g. one written by nanoGPT, loads all the same.
+needs (scaler, rng_states, pending_gradients); a checkpoint without them, e.g. one written by nanoGPT, loads all the
+same. model_args name the model file of a model that is not model.py's GPT (training.runs).
 """
 import contextlib
 import os
@@ -10,8 +11,8 @@ import zipfile
 
 import torch
 
-from model import GPT, GPTConfig
-from training import hf
+from model import GPT
+from training import hf, runs
 from training.errors import ConfigError, first_line
 from training.parallel import load_optimizer_state
 
@@ -139,6 +140,20 @@ def restore_training_state(checkpoint, optimizer, scaler, config, rank, world_si
               f"dropout randomness restarts from the seed")
 
 
+def pending_gradients(model):
+    """{parameter name: gradient} of the gradients `model` holds between iterations: those its optimizer keeps for its
+    next step (gpt2026.py's Adam, stepped every other step on two steps' gradients); none for model.py's optimizers,
+    which free every gradient. An exact resume needs them."""
+    return {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+
+
+def restore_pending_gradients(model, checkpoint):
+    """The gradients pending_gradients saved, back on model's parameters."""
+    parameters = dict(model.named_parameters())
+    for name, grad in checkpoint.get('pending_gradients', {}).items():
+        parameters[name].grad = grad.to(parameters[name])
+
+
 def pretrained_model(init_from, dropout=0.0, **options):
     """OpenAI's GPT-2 weights `init_from` (gpt2, gpt2-medium, gpt2-large, gpt2-xl) through Hugging Face transformers,
     or those of a local GPT-2 folder, with this dropout; ConfigError with the fix if they cannot be loaded. options:
@@ -168,7 +183,7 @@ def load_model(init_from, out_dir, device):
     with one line otherwise."""
     if init_from == 'resume':
         checkpoint = load_checkpoint(out_dir, device)
-        model = GPT(GPTConfig(**checkpoint['model_args']))
+        model = runs.new_model(checkpoint['model_args'])
         load_model_state(model, checkpoint, out_dir)
         train_config = checkpoint.get('config') or {}
     else:

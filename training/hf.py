@@ -15,6 +15,7 @@ from dataclasses import fields
 import torch
 
 from model import GPT, GPT2_VOCAB_SIZE, GPTConfig, HF_TRANSPOSED
+from training import runs
 from training.errors import ConfigError, first_line
 from training.meta import load_meta
 
@@ -186,7 +187,13 @@ def export(checkpoint, tokenizer, hf_dir):
 
 
 def check_exportable(checkpoint, path):
-    """ConfigError with one line if `checkpoint` (from `path`) has model_args that GPTConfig does not know."""
+    """ConfigError with one line if `checkpoint` (from `path`) is not of model.py's GPT (docs/record_2026.md: why
+    gpt2026.py's is not exported) or has model_args that GPTConfig does not know."""
+    file = runs.model_file(checkpoint['model_args'])
+    if file != runs.GPT_FILE:
+        raise ConfigError(f"{path} holds a model of {file}, which export_hf.py does not export: transformers' causal "
+                          f"LM gives the logits of every position, which {file}'s forward never makes "
+                          f"(docs/record_2026.md); sample from it with sample.py")
     known = {f.name for f in fields(GPTConfig)}
     unknown = [f'{k}={v!r}' for k, v in checkpoint['model_args'].items() if k not in known]
     if unknown:

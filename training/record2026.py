@@ -17,6 +17,7 @@ and its validation at step NUM_ITERATIONS with windows_at(NUM_ITERATIONS, final_
 """
 import math
 
+import numpy as np
 import torch
 
 # the record's Hyperparameters
@@ -29,6 +30,7 @@ WINDOW_BLOCK = 128  # windows count blocks of 128 tokens
 LONG_WINDOWS = (3, 7, 11)  # blocks over each third; the short window is half the long one (rounded down)
 EXTENSION_WINDOW = 13  # the extension's long window
 VALIDATION_WINDOW = 20  # the final validation's long window, past the rotary fitted to 13
+MAX_DOCUMENT_TOKENS = 16 * WINDOW_BLOCK  # training rows' documents are cut to 2,048 tokens (train_max_seq_len)
 SPLIT_STEP = math.ceil(2 / 3 * SCHEDULED_ITERATIONS) | 1  # 1041, odd: an Adam step, after which the embedding splits
 GRADIENT_SCALE = 1 / 8  # each micro-batch's summed loss is divided by the record's 8 micro-batches a step
 
@@ -105,7 +107,7 @@ def mtp_weights_at(step):
         weights = [1.0, 0.5 * (1 - (3 * x - 1))]
     else:
         weights = [1.0]
-    return tuple(torch.tensor(weights, dtype=torch.float32).tolist())
+    return tuple(np.array(weights, dtype=np.float32).tolist())  # numpy's: no fake tensor under the memory estimator
 
 
 def adam_steps_at(step):

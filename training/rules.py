@@ -4,12 +4,15 @@ the fix, before anything is created or written."""
 import dataclasses
 import os
 
+import gpt2026
+from configurator import train_defaults
 from model import GPT2_VOCAB_SIZE, GPTConfig
-from training import hf, optim, parallel, step
+from training import hf, optim, parallel, runs, step
 from training.device import DTYPES
-from training.checkpoint import LOAD_CHOICES
+from training.checkpoint import LOAD_CHOICES, checkpoint_path
 from training.errors import ConfigError, first_line
 from training.meta import META_NAME, load_meta
+from training.record2026 import NUM_ITERATIONS
 
 DEFAULT_VOCAB_SIZE = GPTConfig.vocab_size  # GPT-2's padded up to a multiple of 64, as nanoGPT does
 ARCHITECTURE_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size')
@@ -28,7 +31,13 @@ CHOICES = {'init_from': ('scratch', *LOAD_CHOICES),
            'optim': optim.OPTIMS, 'weight_dtype': optim.WEIGHT_DTYPES, 'dtype': DTYPES,
            'parallelism': parallel.PARALLELISMS, 'lr_schedule': ('cosine', 'wsd'),
            'batch_order': ('random', 'sequential'), 'muon_momentum_form': optim.MUON_MOMENTUM_FORMS,
-           'attention_kernel': tuple(step.ATTENTION_KERNELS), **MODERN_CHOICES}
+           'attention_kernel': tuple(step.ATTENTION_KERNELS), 'model_file': runs.MODEL_FILES, **MODERN_CHOICES}
+# gpt2026.py's model and training are the record's: train.py's keys for model.py's architecture, optimizers and
+# schedules do nothing there, so a value other than train.py's default is refused rather than ignored
+MODEL_PY_KEYS = ('bias', 'dropout', *(key for key in MODERN_DEFAULTS if key != 'doc_token'), 'attn_window_warmup_iters',
+                 'activation_checkpointing', 'optim', 'optimizer_in_backward', 'weight_dtype', 'learning_rate',
+                 'min_lr', 'decay_lr', 'lr_schedule', 'cooldown_frac', 'warmup_iters', 'lr_decay_iters', 'weight_decay',
+                 'beta1', 'beta2', 'muon_learning_rate', 'muon_momentum', 'muon_momentum_form', *optim.MUON_ONLY_KEYS)
 
 
 def check_config(config, world_size, device_type):
@@ -57,7 +66,9 @@ def check_config(config, world_size, device_type):
         raise ConfigError(f"hellaswag_examples must be at least 1, or 0 for all; got {config['hellaswag_examples']}")
     if not 0.0 <= config['dropout'] < 1.0:
         raise ConfigError(f"dropout is a probability in [0, 1), got {config['dropout']}: e.g. --dropout=0.1")
-    check_choices(config, ('batch_order', 'muon_momentum_form', 'attention_kernel'))
+    check_choices(config, ('batch_order', 'muon_momentum_form', 'attention_kernel', 'model_file'))
+    if config['model_file'] == runs.RECORD_2026_FILE:
+        check_record_2026(config, world_size)
     check_attention_kernel(config, device_type)
     optim.check_config(config, world_size)  # before the split over processes: optimizer_in_backward's explains it
     check_schedule(config)
@@ -83,6 +94,47 @@ def check_config(config, world_size, device_type):
     if init_from == 'scratch' and config['n_embd'] % config['n_head'] != 0:
         raise ConfigError(f"n_embd={config['n_embd']} must be divisible by n_head={config['n_head']}")
     check_architecture(config)
+
+
+def check_record_2026(config, world_size):
+    """ConfigError for a model_file='gpt2026.py' run that the record's model and training cannot take: one process
+    (its embedding, unused until the split, would stall DDP), the record's 11 layers, heads that pair, documents to
+    read, bf16 or fp32 (fp16's GradScaler would unscale the gradients Adam keeps between steps twice), at most the
+    record's 1,600 steps (its schedules end there), and no key of model.py's model or training."""
+    record = f"model_file='{runs.RECORD_2026_FILE}'"
+    defaults = train_defaults()
+    changed = [key for key in MODEL_PY_KEYS if config[key] != defaults[key]]
+    if changed:
+        key = changed[0]
+        raise ConfigError(f"{key}={config[key]!r} is a key of model.py's model or training, which {record} does not "
+                          f"read (its training is the record's: training/record2026.py): drop --{key}")
+    n_layer, head_size = len(gpt2026.RECORD_LAYERS), config['n_embd'] // config['n_head']
+    gates = gpt2026.GPT2026Config.gate_inputs
+    checks = [
+        (world_size == 1, f'{record} trains in one process, not {world_size}: run it without torchrun'),
+        (config['n_layer'] == n_layer, f"n_layer={config['n_layer']}: {record} has the record's {n_layer} layers: "
+                                       f"use --n_layer={n_layer}"),
+        (config['n_head'] % 2 == 0 and config['n_embd'] == config['n_head'] * head_size and head_size % 4 == 0,
+         f"n_head={config['n_head']}, n_embd={config['n_embd']}: {record} pairs its heads, each a multiple of 4 wide: "
+         f"e.g. --n_head=6 --n_embd=768"),
+        (config['n_embd'] >= gates, f"n_embd={config['n_embd']}: the gates of {record} read {gates} channels: use "
+                                    f"--n_embd={gates} or more"),
+        (config['doc_token'] >= 0, f"doc_token={config['doc_token']}: {record} reads rows that start at documents: "
+                                   f"set --doc_token (GPT-2's <|endoftext|>: 50256)"),
+        (config['dtype'] != 'float16', f"dtype='float16': its GradScaler would unscale twice the gradients that "
+                                       f"the Adam of {record} keeps between steps: use --dtype=bfloat16 (or float32)"),
+        (config['max_iters'] <= NUM_ITERATIONS, f"max_iters={config['max_iters']} runs past the {NUM_ITERATIONS} "
+                                                f"steps of the record's schedules ({record}): use "
+                                                f"--max_iters={NUM_ITERATIONS} or less"),
+        (config['init_from'] in ('scratch', 'resume'), f"init_from={config['init_from']!r} loads GPT-2 weights, a "
+                                                       f"model of model.py, not of {record}: use --init_from=scratch"),
+        (not config['hellaswag'], f"hellaswag=True scores per-token losses, which the loss of {record} does not "
+                                  f"give: use --hellaswag=False"),
+        (config['attention_kernel'] != 'flex', f"attention_kernel='flex' runs windows in blocks, those of {record} "
+                                               f"are by position: use --attention_kernel=auto")]
+    for fits, message in checks:
+        if not fits:
+            raise ConfigError(message)
 
 
 def check_schedule(config):
@@ -242,16 +294,24 @@ def meta_vocab_size(config):
 
 
 def model_args(config, meta_vocab, resumed_model_args=None):
-    """(model_args, crop): the GPTConfig arguments train.py builds for config['init_from'] (scratch: the config's
+    """(model_args, crop): the arguments of the model train.py builds for config['init_from'] (scratch: the config's
     shape with meta_vocab or the padded GPT-2 vocabulary; resume: the checkpoint's shape; gpt2* or a Hugging Face
-    folder: its config's shape and options), and the
-    block_size to crop a pretrained model to, or None. ConfigError where block_size or the dataset's vocabulary do
-    not fit the model, or HellaSwag cannot be scored with it."""
+    folder: its config's shape and options): GPTConfig's, or for model_file='gpt2026.py' GPT2026Config's and the
+    model file (training.runs.record_model_args); and the block_size to crop a pretrained model to, or None.
+    ConfigError where the checkpoint's model file is not config's, block_size or the dataset's vocabulary do not fit
+    the model, or HellaSwag cannot be scored with it."""
     init_from, block_size = config['init_from'], config['block_size']
+    if init_from == 'resume' and runs.model_file(resumed_model_args) != config['model_file']:
+        saved = runs.model_file(resumed_model_args)
+        raise ConfigError(f"{checkpoint_path(config['out_dir'])} holds a model of {saved}, not of "
+                          f"model_file={config['model_file']!r}: resume with --model_file={saved}")
     args = dict(n_layer=config['n_layer'], n_head=config['n_head'], n_embd=config['n_embd'], block_size=block_size,
                 bias=config['bias'], vocab_size=None, dropout=config['dropout'])
     crop = None
-    if init_from == 'scratch':
+    if config['model_file'] == runs.RECORD_2026_FILE:  # no block size: its windows bound what a position sees
+        vocab_size = meta_vocab if meta_vocab is not None else DEFAULT_VOCAB_SIZE
+        args = dict(resumed_model_args) if init_from == 'resume' else runs.record_model_args(config, vocab_size)
+    elif init_from == 'scratch':
         args['vocab_size'] = meta_vocab if meta_vocab is not None else DEFAULT_VOCAB_SIZE
         args.update({k: config[k] for k, default in MODERN_DEFAULTS.items() if config[k] != default})
     elif init_from == 'resume':
@@ -266,7 +326,7 @@ def model_args(config, meta_vocab, resumed_model_args=None):
                      if getattr(pretrained, k) != default})
         if block_size < pretrained.block_size:
             args['block_size'] = crop = block_size  # the checkpoint records the cropped size
-    if block_size > args['block_size']:
+    if runs.model_file(args) == runs.GPT_FILE and block_size > args['block_size']:
         whose = "the resumed model's" if init_from == 'resume' else f"{init_from}'s"
         raise ConfigError(f"block_size={block_size} is larger than {whose} {args['block_size']}: "
                           f"use --block_size={args['block_size']} or less")

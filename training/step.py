@@ -5,12 +5,13 @@ from contextlib import nullcontext
 import torch
 
 from attention import flex_kernel_options, flex_probe
-from model import GPT, GPTConfig
+from training import runs
 from training.checkpoint import load_model_state, pretrained_model
 from training.device import TORCH_DTYPES
 from training.errors import ConfigError
 from training.optim import build_optimizer
 from training.parallel import fsdp_param_dtype, shard_model, shard_optimizer_state
+from training.record2026 import NorMuonAdam
 
 NO_SCALER = torch.amp.GradScaler('cpu', enabled=False) # disabled: scale, unscale_ and update do nothing
 # attention_kernel: how windows in blocks run, as GPT's flex_kernel (None: FlexAttention where it runs)
@@ -19,14 +20,19 @@ ATTENTION_KERNELS = {'auto': None, 'flex': True, 'masked': False}
 
 def build_model(config, model_args, checkpoint=None, **options):
     """train.py's model for `config`, on the CPU in config's weight_dtype (bf16 weights never exist there in fp32):
-    GPT(model_args) from scratch, with `checkpoint`'s weights if given, or the pretrained weights init_from names
-    (cropped to model_args' block_size), its loss chunked within loss_chunk_mib. options: GPT's constructor keywords
-    beyond config's (tools: loss_fn, flash_kernel, flex_kernel)."""
+    the model of model_args (GPT, or GPT2026 for gpt2026.py's: training.runs.new_model) from scratch, with
+    `checkpoint`'s weights if given, or the pretrained weights init_from names (cropped to model_args' block_size),
+    its loss chunked within loss_chunk_mib. options: GPT's constructor keywords beyond config's (tools: loss_fn,
+    flash_kernel, flex_kernel); GPT2026 takes flash_kernel alone (runs.record_options), having its own loss."""
     init_from = config['init_from']
-    options = {'activation_checkpointing': config['activation_checkpointing'], 'loss_chunk_mib': config['loss_chunk_mib'],
-               'flex_kernel': ATTENTION_KERNELS[config['attention_kernel']], **options} # run-time, not model_args
+    if runs.model_file(model_args) == runs.RECORD_2026_FILE:
+        options = runs.record_options(config, model_args, options.get('flash_kernel'))
+    else: # run-time, not model_args
+        options = {'activation_checkpointing': config['activation_checkpointing'],
+                   'loss_chunk_mib': config['loss_chunk_mib'],
+                   'flex_kernel': ATTENTION_KERNELS[config['attention_kernel']], **options}
     if init_from in ('scratch', 'resume'):
-        model = GPT(GPTConfig(**model_args), **options)
+        model = runs.new_model(model_args, **options)
         if checkpoint is not None:
             load_model_state(model, checkpoint, config['out_dir'])
     else: # only dropout can be overridden
@@ -46,6 +52,8 @@ def build(config, model_args, device, device_type, checkpoint=None, sharded=Fals
     model = build_model(config, model_args, checkpoint, **options)
     if model.lm_head.weight.device != torch.device(device): # as for the dtype: no to() where it would change nothing
         model.to(device)
+    if runs.model_file(model_args) == runs.RECORD_2026_FILE: # one process (training.rules), the record's optimizer
+        return model, NorMuonAdam(model)
     if torch.device(device).type == 'cuda' and model.flex_runs(torch.device(device)):
         set_flex_options(model, config, device, torch.cuda.get_device_properties(device))
     if sharded and config['parallelism'] == 'fsdp': # before the optimizer, which must see the shards
@@ -99,28 +107,32 @@ class Prefetcher:
 
 
 def train_step(model, optimizer, batches, accumulation, ctx=nullcontext(), scaler=None, grad_clip=0.0,
-               attn_window=None, set_sync=None):
+               attn_window=None, set_sync=None, forward_args=None, gradient_scale=None):
     """One iteration of train.py: `accumulation` micro-steps of forward and backward on the micro-batches of
-    `batches` (a Prefetcher), each loss scaled by 1/accumulation, then clipping at grad_clip (0: none), the
-    optimizer's step through the GradScaler (fp16; None: none) and the gradients freed. With optimizer_in_backward
-    the step ran in backward and there is none left. set_sync(last): under DDP or fsdp, whether the next backward
-    reduces the gradients over the ranks: only on the last micro-step. Returns the mean micro-batch loss as a tensor
-    on the device (no sync) and the gradient norm before clipping (None without clipping)."""
+    `batches` (a Prefetcher), each loss scaled by gradient_scale (None: 1/accumulation), then clipping at grad_clip
+    (0: none), the optimizer's step through the GradScaler (fp16; None: none) and the gradients freed (those the
+    optimizer keeps for its next step aside). With optimizer_in_backward the step ran in backward and there is none
+    left. forward_args: the model's keywords beyond X and Y (None: model.py's attn_window). set_sync(last): under DDP
+    or fsdp, whether the next backward reduces the gradients over the ranks: only on the last micro-step. Returns the
+    mean micro-batch loss as a tensor on the device (no sync) and the gradient norm before clipping (None without
+    clipping)."""
     scaler = scaler or NO_SCALER
+    forward_args = dict(attn_window=attn_window) if forward_args is None else forward_args
+    gradient_scale = 1 / accumulation if gradient_scale is None else gradient_scale
     X, Y = batches.take() # fetched during the step before
     loss_sum = None # the mean micro-batch loss, kept on the device: no sync
     for micro_step in range(accumulation):
         if set_sync is not None:
             set_sync(micro_step == accumulation - 1)
         with ctx:
-            logits, loss = model(X, Y, attn_window=attn_window) # logits is None: never built when given targets
+            logits, loss = model(X, Y, **forward_args) # logits is None: never built when given targets
         with torch.no_grad(): # outside the graph: no detach
             loss_sum = loss / accumulation if loss_sum is None else loss_sum.add_(loss, alpha=1 / accumulation)
         # immediately async prefetch next batch while model is doing the forward pass on the GPU
         X, Y = batches.fetch()
-        # backward pass, with gradient scaling if training in fp16, of loss / accumulation: seeded with 1/accumulation
-        # where backward would seed ones_like(loss), rather than nanoGPT's division, an operator (a kernel launch) more
-        seed = None if accumulation == 1 else torch.full_like(loss, 1 / accumulation)
+        # backward pass, with gradient scaling if training in fp16, of loss * gradient_scale: seeded with it where
+        # backward would seed ones_like(loss), rather than nanoGPT's division, an operator (a kernel launch) more
+        seed = None if gradient_scale == 1 else torch.full_like(loss, gradient_scale)
         scaler.scale(loss).backward(seed)
         del loss, seed # not kept through the next micro-step's forward: loss_sum holds the loss's value
     # clip the gradient

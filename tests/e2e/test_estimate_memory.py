@@ -12,7 +12,7 @@ import pytest
 
 import estimate_memory
 from helpers import ROOT, check_only_the_naive_loss_holds_the_logits, write_char_dataset
-from training import rules
+from training import rules, runs
 from training.memory import estimate as em
 from training.memory.tracer import MemoryTracer
 
@@ -84,6 +84,45 @@ def test_estimate_equals_the_peak_of_the_real_train_py(tmp_path, case):
     em.check_config(config)
     estimated = em.trace(config, evaluate=False, device_type='cpu')['train']['peak_bytes']
     assert estimated == pytest.approx(real, rel=0.02)
+
+
+# gpt2026.py's model at the record's depth, 32 wide, on rows of 64 characters, a document at each newline
+RECORD_MODEL = dict(model_file='gpt2026.py', n_layer=11, n_head=2, n_embd=32, block_size=64, batch_size=2,
+                    doc_token=0, grad_clip=0.0, max_iters=1)
+
+
+def record_config(data_dir, **keys):
+    write_char_dataset(data_dir, 'fidelity', vocab_size=96)
+    return {**estimate_memory.estimator_defaults(), 'data_dir': str(data_dir), 'dataset': 'fidelity',
+            'gradient_accumulation_steps': 1, **RECORD_MODEL, **keys}
+
+
+def test_a_record_models_estimate_equals_the_peak_of_the_real_train_py(tmp_path, monkeypatch):
+    """As above for model_file='gpt2026.py' at the first two iterations, the ones train.py runs here (the estimate
+    traces the largest stage's: training.runs.GPT2026Run.traced_steps)."""
+    config = record_config(tmp_path / 'data', dtype='float32')
+    real = train_py_peak({key: config[key] for key in ('dtype', 'gradient_accumulation_steps', *RECORD_MODEL)},
+                         tmp_path / 'data', tmp_path / 'out')
+    start = runs.GPT2026Run.__init__
+
+    def first_two(self, *args):
+        start(self, *args)
+        self.traced_steps = (0, 1)
+    monkeypatch.setattr(runs.GPT2026Run, '__init__', first_two)
+    em.check_config(config)
+    estimated = em.trace(config, evaluate=False, device_type='cpu')['train']['peak_bytes']
+    assert estimated == pytest.approx(real, rel=0.02)
+
+
+def test_a_record_models_warm_start_has_the_peak_of_its_two_iterations(tmp_path):
+    """As model.py's (tests/unit/training/memory/test_estimate.py), for gpt2026.py's run, traced from SPLIT_STEP,
+    the embedding split between its two iterations: within one allocation (a scalar loss that the two orders keep to
+    different moments)."""
+    config = record_config(tmp_path, dtype='bfloat16', block_size=256, batch_size=1)
+    full, warm = (em.trace(config, evaluate=False, warm_start=warm)['train'] for warm in (False, True))
+    assert abs(warm['peak_bytes'] - full['peak_bytes']) <= em.CUDA_ALIGNMENT
+    assert all(warm['breakdown'][part] == full['breakdown'][part] for part in full['breakdown']
+               if part != 'temporaries')
 
 
 @pytest.mark.parametrize('path', CARD_PRESETS, ids=lambda path: path.name)

@@ -30,8 +30,10 @@ def preset_config(path):
 def scaled_down(config):
     """The scaled-down preset's micro-steps (2 at most; 1 stays 1, as optimizer_in_backward needs), sliding window
     (in blocks of 4 where it counts blocks), documents (a newline, token 0, starts each), and a record's value tables
-    and attention-less block at 2 layers, where it has them."""
+    and attention-less block at 2 layers, where it has them; gpt2026.py's model keeps the record's 11 layers."""
     keys = [f"--gradient_accumulation_steps={min(config['gradient_accumulation_steps'], 2)}"]
+    if config['model_file'] == 'gpt2026.py':
+        keys.append(f"--n_layer={config['n_layer']}")
     if config['doc_token'] >= 0:
         keys.append('--doc_token=0')
     if config['attn_window']:
@@ -65,7 +67,7 @@ def test_card_preset_trains_under_bf16_autocast_on_the_cuda_kernels_stand_ins(tm
     assert sorted(logged_losses(result.stdout)) == [0, 1] and sorted(logged_losses(result.stdout, 'step')) == [0, 1]
     assert all(math.isfinite(loss) for loss in logged_losses(result.stdout).values())
     assert (tmp_path / 'out' / 'ckpt.pt').is_file()
-    if config['optim'] == 'adamw' and config['weight_dtype'] == 'float32':
+    if config['model_file'] == 'model.py' and config['optim'] == 'adamw' and config['weight_dtype'] == 'float32':
         assert 'using fused AdamW: True' in result.stdout
     kernel_calls = int(result.stderr.rsplit('flash kernel calls: ', 1)[1].split()[0])
     by_position = not config['attn_window_block'] or '--attn_window_block=0' in extra  # FlashAttention's windows

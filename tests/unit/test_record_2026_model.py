@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+import attention
 import flash_varlen_on_a_cpu
 import gpt2026
 import record_reference_2026_01_24 as R
@@ -113,10 +114,10 @@ def reference(stage):
     return loss, R.tie_gradients(grads) if stage.tied else grads
 
 
-def port_model(stage):
+def port_model(stage, attend=gpt2026.attend):
     """gpt2026's model in float64 at `stage`: its rotary fitted through the stage's long windows, untied after the
-    split, holding record_weights (its wte unused while tied)."""
-    model = gpt2026.GPT2026(copy.deepcopy(PORT), loss_chunk_rows=CHUNK_ROWS).double()
+    split, holding record_weights (its wte unused while tied); its attention `attend`."""
+    model = gpt2026.GPT2026(copy.deepcopy(PORT), loss_chunk_rows=CHUNK_ROWS, attend=attend).double()
     for window in stage.fitted:
         model.fit_rotary(window * CFG.block_size)
     model.embedding_tied = stage.tied
@@ -351,3 +352,33 @@ def test_attend_is_flashattentions_varlen_kernel_with_a_window_by_position(windo
         assert relative_error(ours, flash) < TOLERANCE
         grads = [torch.autograd.grad(y, (q, k, v), torch.ones_like(y)) for y in (ours, flash)]
     assert all(relative_error(a, b) < TOLERANCE for a, b in zip(*grads))
+
+
+@pytest.mark.parametrize('name', ['step 0: windows 1/3, mtp 1, 0.5, 0.25, tied',
+                                  'final validation at 1600: the long window 20 without YaRN'])
+def test_the_model_on_flashattentions_varlen_kernel_has_the_masked_attentions_loss_and_gradients(name, flash_kernel,
+                                                                                                monkeypatch):
+    """GPT2026 with attention.window_document_attention, the varlen kernel a CUDA run passes it, on the kernel's CPU
+    stand-in: the loss and every gradient of its own SDPA under a mask, at training's windows and MTP weights and at
+    the final validation's long window, in float64 (full_precision: the comparison needs more digits than bf16's)."""
+    stage, calls = STAGES[name], []
+    segments = attention.position_segments
+    monkeypatch.setattr(attention, 'position_segments', lambda docs: calls.append(docs.shape) or segments(docs))
+    with flash_varlen_on_a_cpu.full_precision():
+        loss, grads = port(port_model(stage), stage)
+        kernel_loss, kernel_grads = port(port_model(stage, attention.window_document_attention), stage)
+    # each attention layer's documents: the paired ones over twice the positions
+    assert calls == [(2, 2 * T if kind == 'paired' else T) for kind, _ in gpt2026.RECORD_LAYERS if kind]
+    assert relative_error(kernel_loss, loss) < TOLERANCE and grads.keys() == kernel_grads.keys()
+    assert all(relative_error(kernel_grads[n], grads[n]) < TOLERANCE for n in grads if grads[n].abs().max() > 0)
+
+
+def test_sampling_draws_each_token_from_the_last_positions_capped_logits():
+    """top_k=1 samples greedily: each new token the argmax of the model's logits for the sequence so far."""
+    model = port_model(STAGES['final validation at 1600: the long window 20 without YaRN'])
+    x, _ = tokens()
+    sampled = model.generate(x[:, :20], 5, top_k=1)
+    with torch.no_grad():
+        greedy = [model(sampled[:, :t])[0][:, -1].argmax(-1) for t in range(20, 25)]
+    assert sampled.shape == (2, 25) and torch.equal(sampled[:, :20], x[:, :20])
+    assert torch.equal(sampled[:, 20:], torch.stack(greedy, 1))

@@ -12,8 +12,9 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 import attention as attention_module
+import gpt2026
 from chunked_loss import chunked_cross_entropy, naive_cross_entropy
-from training import optim, rules, step
+from training import optim, rules, runs, step
 from training.checkpoint import load_checkpoint
 from training.errors import ConfigError
 from training.memory.advice import resplit
@@ -154,15 +155,18 @@ def random_batch(batch_size, block_size, vocab_size, device):
 
 
 def train_iterations(model, optimizer, config, batch_size, device_type, warm_start=False, progress=silent):
-    """train.py's iterations (training.step.train_step, without GradScaler: scalars only), TRACED_ITERATIONS of
-    traced micro-steps. warm_start, for the batch search: the first optimizer step alone, on zero gradients, then one
-    micro-step: the same peak in a quarter of the time, as the steps left out hold a subset of the traced one's
-    tensors. Returns the last iteration's (loss, gradient norm), as train_step."""
-    block, vocab = model.config.block_size, model.config.vocab_size
-    iterations, micro_steps = TRACED_ITERATIONS, traced_micro_steps(config)
+    """train.py's iterations (training.step.train_step, without GradScaler: scalars only): the TRACED_ITERATIONS its
+    model file's run traces (training.runs: where its memory is largest), each with the run's schedule and forward
+    arguments, of traced micro-steps. warm_start, for the batch search: the first optimizer step alone, on zero
+    gradients, then one micro-step: the same peak in a quarter of the time, as the steps left out hold a subset of the
+    traced one's tensors. Returns the last iteration's (loss, gradient norm), as train_step."""
+    run = runs.make_run(config, model, optimizer)
+    block, vocab = config['block_size'], model.config.vocab_size
+    iterations, micro_steps = run.traced_steps, traced_micro_steps(run, config)
     model.train()
     results = None  # train.py's loss and gradient norm of an iteration, referenced until the next one returns
     if warm_start:
+        run.start_step(iterations[0])
         in_backward = isinstance(optimizer, optim.OptimizerInBackward)
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
@@ -175,22 +179,26 @@ def train_iterations(model, optimizer, config, batch_size, device_type, warm_sta
         optimizer.step()
         if micro_steps == 1:
             optimizer.zero_grad(set_to_none=True)
+        run.end_step(iterations[0])
         results = torch.zeros(()), torch.zeros(()) if config['grad_clip'] != 0.0 else None
-        iterations, micro_steps = 1, 1
+        iterations, micro_steps = iterations[1:], 1
     sharded = hasattr(model, 'set_requires_gradient_sync')  # FSDP: train.py reduce-scatters on the last micro-step
     set_sync = (lambda last: set_gradient_sync(model, 'fsdp', last)) if sharded else None
     batches = step.Prefetcher(random_batch(batch_size, block, vocab, device_type) for _ in itertools.count())
-    for iteration in range(iterations):
-        progress(f'  iteration {iteration + 1} of {iterations}, {micro_steps} micro-step{"s" * (micro_steps > 1)}')
+    for number, it in enumerate(iterations, 1):
+        progress(f'  iteration {number} of {len(iterations)}, {micro_steps} micro-step{"s" * (micro_steps > 1)}')
+        run.start_step(it)
         results = step.train_step(model, optimizer, batches, micro_steps, autocast(device_type, config),
-                                  grad_clip=config['grad_clip'], set_sync=set_sync)
+                                  grad_clip=config['grad_clip'], set_sync=set_sync, forward_args=run.forward_args(it),
+                                  gradient_scale=run.gradient_scale)
+        run.end_step(it)
     return results
 
 
 @torch.no_grad()
 def eval_forward(model, config, batch_size, device_type):
     model.eval()
-    X, Y = random_batch(batch_size, model.config.block_size, model.config.vocab_size, device_type)
+    X, Y = random_batch(batch_size, config['block_size'], model.config.vocab_size, device_type)
     with autocast(device_type, config):
         model(X, Y)
     model.train()
@@ -214,9 +222,10 @@ def sharded_rank(config):
         dist.destroy_process_group()
 
 
-def traced_micro_steps(config):
-    """Micro-steps traced per iteration: train.py splits gradient_accumulation_steps over the DDP processes."""
-    return min(config['gradient_accumulation_steps'] // config['world_size'], TRACED_MICRO_STEPS)
+def traced_micro_steps(run, config):
+    """Micro-steps traced per iteration: those of the run's traced iterations, which train.py splits over the DDP
+    processes."""
+    return min(run.micro_steps(run.traced_steps[-1]) // config['world_size'], TRACED_MICRO_STEPS)
 
 
 def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_start=False, device_type='cuda',
@@ -229,11 +238,14 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
     eval_batch_size = config['eval_batch_size'] or batch_size
     progress(f"tracing training at micro-batch {batch_size}, gradient_accumulation_steps="
              f"{config['gradient_accumulation_steps']}, activation checkpointing "
-             f"{'on' if activation_checkpointing else 'off'}, {config['optim']}"
-             f"{', step in backward' if config['optimizer_in_backward'] else ''}")
+             f"{'on' if activation_checkpointing else 'off'}, {runs.optimizer_words(config)}")
     tracer = MemoryTracer(alignment)
+    record_loss = tracer.traced_loss(gpt2026.softcapped_mtp_loss)  # gpt2026.py's loss, in the loss path as model.py's
     with (sharded_rank(config) as mesh, FakeTensorMode(), tracer, optim.representative_updates_only(),
           mock.patch.object(attention_module, 'document_segments', rows_as_documents),
+          mock.patch.object(attention_module, 'position_segments', lambda docs: rows_as_documents(docs, -1)),
+          mock.patch.object(gpt2026, 'softcapped_mtp_loss', lambda hidden, weight, targets, weights, chunk_rows:
+                            record_loss(hidden, weight, targets, weights=weights, chunk_rows=chunk_rows)),
           mock.patch.object(attention_module, 'compiled_flex_attention', lambda: flex_attention_as_on_cuda),
           mock.patch.object(torch.nn.functional, 'scaled_dot_product_attention', attention_as_on_cuda)):
         # attn_window and doc_token run in FlashAttention's kernel on CUDA (GPT.varlen_kernel), windows in blocks in
@@ -257,12 +269,11 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
             tracer.reset_peak()
             eval_forward(model, config, eval_batch_size, 'cpu')
             evaluation = dict(batch_size=eval_batch_size, **tracer.phase_result())
-        model_args = {k: getattr(model.config, k) for k in ('n_layer', 'n_head', 'n_embd', 'block_size',
-                                                             'vocab_size', 'bias')}
-        model_args['n_params'] = model.get_num_params(non_embedding=False)
+        run = runs.make_run(config, model, optimizer)
+        model_args = run.summary()
     return dict(model=model_args, batch_size=batch_size,
                 gradient_accumulation_steps=config['gradient_accumulation_steps'],
-                micro_steps_traced=traced_micro_steps(config), world_size=config['world_size'],
+                micro_steps_traced=traced_micro_steps(run, config), world_size=config['world_size'],
                 parallelism=config['parallelism'], dtype=config['dtype'], loss=loss,
                 activation_checkpointing=activation_checkpointing, train=train, eval=evaluation)
 
@@ -382,6 +393,9 @@ def check_config(config):
     if config['loss'] not in LOSSES:
         raise ConfigError(f"unknown loss {config['loss']!r}: use --loss=chunked (chunked_loss.py's) or --loss=naive "
                           f"(nanoGPT's full logits, for comparison)")
+    if config['loss'] != 'chunked' and config['model_file'] == runs.RECORD_2026_FILE:
+        raise ConfigError(f"loss={config['loss']!r} is a loss of model.py's GPT; model_file='gpt2026.py' has its own "
+                          f"(in chunks of rows): drop --loss")
     if config['measure'] and not torch.cuda.is_available():
         raise ConfigError(f'--measure runs two real training steps on a GPU, but CUDA is not available here '
                           f'(torch {torch.__version__}): drop --measure for the estimate alone')

@@ -22,12 +22,14 @@ def machine_bytes(device):
 def training_floor(config, model_args):
     """{part: bytes} that training config's model certainly holds: its weights and their gradients (the token
     embedding, and each block's 12 * n_embd**2 matrix weights, whatever the options), and each block's input kept for
-    backward (activation checkpointing keeps those too), in autocast's dtype."""
-    d, layers = model_args['n_embd'], model_args['n_layer']
+    backward (activation checkpointing keeps those too), in autocast's dtype. gpt2026.py's model_args have neither
+    n_layer nor block_size: its layers are config's n_layer, its rows config's block_size."""
+    d = model_args['n_embd']
+    layers = model_args['n_layer'] if 'n_layer' in model_args else config['n_layer']
     weight_bytes = TORCH_DTYPES[config['weight_dtype']].itemsize
     activation_bytes = 4 if config['dtype'] == 'float32' else 2
     params = model_args['vocab_size'] * d + layers * 12 * d * d
-    tokens = config['batch_size'] * model_args['block_size']
+    tokens = config['batch_size'] * (model_args['block_size'] if 'block_size' in model_args else config['block_size'])
     return {'weights and gradients': 2 * weight_bytes * params, 'block inputs': layers * tokens * d * activation_bytes}
 
 

@@ -117,3 +117,21 @@ def test_gpt2_weights_without_transformers_say_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, 'transformers', None)  # import transformers raises ImportError
     with pytest.raises(ckpt.ConfigError, match='pip install transformers'):
         ckpt.pretrained_model('gpt2')
+
+
+def test_the_gradients_an_optimizer_keeps_between_iterations_round_trip(tmp_path):
+    """pending_gradients: by name, the gradients a model holds between iterations (gpt2026.py's Adam's, after an even
+    iteration), none where every one is freed; restore_pending_gradients puts them back, on the parameters' device and
+    dtype; a checkpoint without them restores none."""
+    model = tiny_gpt(0)
+    assert ckpt.pending_gradients(model) == {}
+    kept = model.transformer.h[1].mlp.c_fc.weight
+    kept.grad = torch.randn_like(kept)
+    save_checkpoint({'model': model.state_dict(), 'model_args': {}, 'pending_gradients': ckpt.pending_gradients(model)},
+                    str(tmp_path))
+    fresh = tiny_gpt(1).double()
+    ckpt.restore_pending_gradients(fresh, load_checkpoint(str(tmp_path), 'cpu'))
+    assert [n for n, p in fresh.named_parameters() if p.grad is not None] == ['transformer.h.1.mlp.c_fc.weight']
+    restored = fresh.transformer.h[1].mlp.c_fc.weight.grad
+    assert restored.dtype == torch.float64 and torch.equal(restored.float(), kept.grad)
+    ckpt.restore_pending_gradients(tiny_gpt(2), {'model': {}})

@@ -193,3 +193,56 @@ def test_prepare_hint_names_the_script_relative_to_the_current_directory(config,
     assert rules.prepare_hint({**config, 'dataset': 'shakespeare_char', 'data_dir': 'elsewhere'}).endswith(
         f" --out_dir {os.path.join('elsewhere', 'shakespeare_char')}`")
     assert 'data/README.md' in rules.prepare_hint({**config, 'dataset': 'mine'})
+
+
+# -----------------------------------------------------------------------------
+# model_file='gpt2026.py': the record's model and training
+
+@pytest.fixture
+def record(config):
+    """The config at the record's shape (11 layers, heads in pairs), documents starting at token 0."""
+    return {**config, 'model_file': 'gpt2026.py', 'n_layer': 11, 'doc_token': 0, 'max_iters': 1600}
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'learning_rate': 1e-3}, "learning_rate=0.001 is a key of model.py's model or training, which "
+                              "model_file='gpt2026.py' does not read (its training is the record's: "
+                              "training/record2026.py): drop --learning_rate"),
+    ({'optim': 'muon'}, "optim='muon' is a key of model.py's model or training"),
+    ({'pos_emb': 'rope'}, "pos_emb='rope' is a key of model.py's model"),
+    ({'activation_checkpointing': True}, 'activation_checkpointing=True is a key of'),
+    ({'n_layer': 12}, "n_layer=12: model_file='gpt2026.py' has the record's 11 layers: use --n_layer=11"),
+    ({'n_head': 3, 'n_embd': 24}, 'n_head=3, n_embd=24: model_file=\'gpt2026.py\' pairs its heads'),
+    ({'n_head': 4, 'n_embd': 24}, 'each a multiple of 4 wide'),
+    ({'n_head': 2, 'n_embd': 8}, "n_embd=8: the gates of model_file='gpt2026.py' read 12 channels"),
+    ({'doc_token': -1}, "doc_token=-1: model_file='gpt2026.py' reads rows that start at documents"),
+    ({'dtype': 'float16'}, "dtype='float16': its GradScaler would unscale twice"),
+    ({'max_iters': 1601}, "max_iters=1601 runs past the 1600 steps of the record's schedules"),
+    ({'init_from': 'gpt2'}, "init_from='gpt2' loads GPT-2 weights"),
+    ({'hellaswag': True}, 'hellaswag=True scores per-token losses'),
+    ({'model_file': 'gpt2027.py'}, "unknown model_file 'gpt2027.py': use one of 'model.py', 'gpt2026.py'"),
+])
+def test_a_record_run_refuses_what_its_model_and_training_cannot_take(record, overrides, message):
+    with pytest.raises(ConfigError) as e:
+        rules.check_config({**record, **overrides}, 1, 'cpu')
+    assert message in str(e.value) and '\n' not in str(e.value)
+    with pytest.raises(ConfigError, match="trains in one process, not 2: run it without torchrun"):
+        rules.check_config({**record, 'gradient_accumulation_steps': 2}, 2, 'cpu')
+
+
+def test_the_model_file_is_in_a_record_models_args_and_resume_takes_the_checkpoints(record):
+    """GPT2026Config's arguments, the bigram table 5 rows a token, and the model file; model.py's keep nanoGPT's
+    model_args (no model_file); a checkpoint of the other model file is refused on resume."""
+    rules.check_config(record, 1, 'cpu')
+    args, crop = rules.model_args(record, 40)
+    assert args == dict(model_file='gpt2026.py', vocab_size=40, bigram_vocab_size=200, n_head=2, n_embd=32,
+                        doc_token=0) and crop is None
+    resumed = {**record, 'init_from': 'resume', 'n_embd': 64}
+    assert rules.model_args(resumed, 40, args)[0] == args  # the checkpoint's shape
+    gpt_args, _ = rules.model_args({**record, 'model_file': 'model.py'}, 40)
+    assert 'model_file' not in gpt_args
+    with pytest.raises(ConfigError, match=r"ckpt.pt holds a model of model.py, not of model_file='gpt2026.py': "
+                                          r"resume with --model_file=model.py"):
+        rules.model_args(resumed, 40, gpt_args)
+    with pytest.raises(ConfigError, match=r"holds a model of gpt2026.py, not of model_file='model.py'"):
+        rules.model_args({**resumed, 'model_file': 'model.py'}, 40, args)

@@ -9,12 +9,13 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from conftest import estimator_config
 from helpers import check_only_the_naive_loss_holds_the_logits, gpt2_estimator_config
-from training import optim
+from training import optim, record2026
 from training.checkpoint import save_checkpoint
 from training.errors import ConfigError
 from training.memory import estimate as em
-from training.memory.tracer import MemoryTracer
+from training.memory.tracer import CUDA_ALIGNMENT, MemoryTracer
 
 
 GIB = 2 ** 30
@@ -121,6 +122,39 @@ def test_windows_in_blocks_trace_flexattentions_kernel_unless_masked_is_asked(ti
         return [a for a in trace['largest_allocations'] if a['shape'][-2:] == [256, 512]]
     assert window_masks(masked) and not window_masks(flex)
     assert flex['breakdown']['activations'] < masked['breakdown']['activations']
+
+
+def record_config(data_dir, **keys):
+    """estimate_memory.py's config of a gpt2026.py model at the record's depth, 32 wide, rows of 256 tokens."""
+    return estimator_config(data_dir, 64, model_file='gpt2026.py', n_layer=11, n_head=2, n_embd=32, doc_token=0,
+                            block_size=256, batch_size=1, gradient_accumulation_steps=1, grad_clip=0.0,
+                            max_iters=1600, dtype='bfloat16', **keys)
+
+
+def test_a_record_model_is_traced_at_its_largest_stage_on_the_varlen_kernel(tmp_path, monkeypatch):
+    """model_file='gpt2026.py' traced after the split at the last batch size (warm-started: as two iterations,
+    tests/e2e/test_estimate_memory.py): the embedding's gradient and NorMuonAdam's whole state, Adam's for the
+    embedding among it (counted from a real step), 2 of the stage's 3 micro-steps; each attention layer in
+    FlashAttention's varlen kernel (its documents, one a row in the trace), without a (T, T) mask."""
+    config, segmented = record_config(tmp_path), []
+    rows_as_documents = em.rows_as_documents
+    monkeypatch.setattr(em, 'rows_as_documents', lambda *args: segmented.append(1) or rows_as_documents(*args))
+    em.check_config(config)
+    result = em.trace(config, evaluate=False, warm_start=True)
+    model, optimizer = em.build(config)
+    optimizer.schedule(record2026.SPLIT_STEP)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    record2026.split_embedding(model, optimizer)
+    state = sum(-(-t.nbytes // CUDA_ALIGNMENT) * CUDA_ALIGNMENT  # each tensor in whole blocks of the allocator's
+                for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
+    train = result['train']
+    assert result['model']['n_layer'] == 11 and result['micro_steps_traced'] == 2
+    assert train['breakdown']['optimizer_state'] == state
+    assert train['breakdown']['gradients'] >= 4 * sum(p.numel() for p in model.parameters())
+    assert len(segmented) == 10  # the forward's 10 attention layers
+    assert not [a for a in train['largest_allocations'] if a['shape'][-2:] == [256, 256]]
 
 
 def test_resume_takes_the_model_from_the_checkpoint(tiny, tmp_path):

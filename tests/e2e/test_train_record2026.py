@@ -1,0 +1,81 @@
+"""train.py on config/speedrun2026_gpt2_12gb.py (model_file='gpt2026.py': the 24 Jan 2026 record's model and
+training), scaled down on a CPU: the record's 11 layers 32 wide, rows of 32 characters, a document at each newline.
+It trains, evaluates and checkpoints; a resume repeats the uninterrupted run from a checkpoint taken after an even
+iteration (Adam's gradients, kept for its next step, saved with it) and across the record's batch growth and split;
+sample.py samples from its checkpoint; export_hf.py and hellaswag.py refuse it in one line."""
+import json
+
+import torch
+
+from helpers import ROOT, load, logged_losses, run_script, write_char_dataset
+from training import record2026
+from training.checkpoint import save_checkpoint
+
+SCALED_DOWN = [str(ROOT / 'config' / 'speedrun2026_gpt2_12gb.py'), '--dataset=tiny_char', '--n_head=2', '--n_embd=32',
+               '--block_size=32', '--batch_size=2', '--gradient_accumulation_steps=2', '--eval_batch_size=2',
+               '--eval_iters=2', '--doc_token=0', '--device=cpu', '--compile=False', '--dtype=float32',
+               '--log_interval=1']
+
+
+def train(data_dir, out_dir, *args):
+    result = run_script('train.py', *SCALED_DOWN, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def same_weights(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)
+
+
+def test_the_record_trains_evaluates_checkpoints_and_resumes_exactly(tmp_path):
+    """Iterations 0 to 6, evaluated at 0, 3 and 6: the validation loss falls; stopped at 3 and resumed, the same
+    losses and weights. The checkpoint at 3 holds the gradients of Adam's parameters from iteration 2. sample.py
+    samples from it; export_hf.py and hellaswag.py refuse it in one line."""
+    data = tmp_path / 'data'
+    write_char_dataset(data)
+    whole = train(data, tmp_path / 'whole', '--max_iters=6', '--eval_interval=3')
+    train(data, tmp_path / 'split', '--max_iters=3', '--eval_interval=3')
+    checkpoint = load(tmp_path / 'split')
+    assert checkpoint['iter_num'] == 3 and checkpoint['model_args']['model_file'] == 'gpt2026.py'
+    assert checkpoint['pending_gradients'] and all(record2026.label(name) in record2026.ADAM_TABLE
+                                                   for name in checkpoint['pending_gradients'])
+    resumed = train(data, tmp_path / 'split', '--max_iters=6', '--eval_interval=3', '--init_from=resume')
+    expected = logged_losses(whole.stdout)
+    assert logged_losses(resumed.stdout) == {i: expected[i] for i in range(3, 7)}
+    validation = logged_losses(whole.stdout, 'step')
+    assert logged_losses(resumed.stdout, 'step') == {i: validation[i] for i in (3, 6)} and validation[6] < validation[0]
+    assert same_weights(load(tmp_path / 'whole')['model'], load(tmp_path / 'split')['model'])
+    sampled = run_script('sample.py', f'--out_dir={tmp_path / "split"}', '--device=cpu', '--dtype=float32',
+                         '--num_samples=1', '--max_new_tokens=20')
+    assert sampled.returncode == 0 and '20 tokens in ' in sampled.stdout, sampled.stderr[-3000:]
+    exported = run_script('export_hf.py', f'--out_dir={tmp_path / "split"}')
+    assert exported.returncode == 2 and "holds a model of gpt2026.py, which export_hf.py does not export" in \
+        exported.stderr and len(exported.stderr.strip().splitlines()) == 1
+    (tmp_path / 'hellaswag.jsonl').write_text(json.dumps(dict(ctx='The cat', endings=['a', 'b', 'c', 'd'], label=0)))
+    scored = run_script('hellaswag.py', f'--out_dir={tmp_path / "split"}', '--device=cpu', '--dtype=float32',
+                        f'--data_path={tmp_path / "hellaswag.jsonl"}')
+    assert scored.returncode == 2 and scored.stderr.strip().endswith('holds a GPT2026, whose loss gives none')
+
+
+def test_resume_across_the_batch_growth_and_the_split_repeats_the_run(tmp_path):
+    """A short run's checkpoint set to iteration 1,039 (what counts here is the schedule) resumed to 1,044: through
+    the last batch size from 1,040 and the split after 1,041, with a checkpoint at 1,041 between (Adam's gradients of
+    1,040 pending) as without: the same losses and weights; the embedding its own after the split, with Adam's state."""
+    data = tmp_path / 'data'
+    write_char_dataset(data)
+    train(data, tmp_path / 'start', '--max_iters=2', '--eval_interval=2')
+    checkpoint = load(tmp_path / 'start')
+    for name in ('whole', 'split'):
+        save_checkpoint({**checkpoint, 'iter_num': record2026.SPLIT_STEP - 2}, str(tmp_path / name))
+    whole = train(data, tmp_path / 'whole', '--init_from=resume', '--max_iters=1044', '--eval_interval=3')
+    train(data, tmp_path / 'split', '--init_from=resume', '--max_iters=1041', '--eval_interval=3')
+    assert load(tmp_path / 'split')['pending_gradients']
+    resumed = train(data, tmp_path / 'split', '--init_from=resume', '--max_iters=1044', '--eval_interval=3')
+    expected = logged_losses(whole.stdout)
+    assert sorted(expected) == list(range(1039, 1045))
+    assert logged_losses(resumed.stdout) == {i: expected[i] for i in range(1041, 1045)}
+    after = load(tmp_path / 'split')
+    assert same_weights(load(tmp_path / 'whole')['model'], after['model'])
+    assert not after['model']['_extra_state']['embedding_tied']
+    assert not torch.equal(after['model']['transformer.wte.weight'], after['model']['lm_head.weight'])
+    assert len(after['optimizer']['state']) == len(checkpoint['optimizer']['state']) + 1  # the embedding's Adam
