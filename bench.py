@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import configurator
+from training import configurator
 from chunked_loss import chunk_rows, chunked_cross_entropy, naive_cross_entropy
 from model import GPTConfig
 from training import card, rules

@@ -42,7 +42,7 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-import configurator
+from training import configurator
 from training import recipe, rules, step
 from training.device import TORCH_DTYPES
 from training.errors import ConfigError, install_handler

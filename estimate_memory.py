@@ -21,7 +21,7 @@ import json
 import sys
 import time
 
-import configurator
+from training import configurator
 from training import optim, rules, runs
 from training.errors import ConfigError, fail
 from training.memory.estimate import (FRAGMENTATION, GIB, LOSSES, MIB, TRACED_ITERATIONS, check_config, estimate,

@@ -10,7 +10,7 @@ trust_remote_code=True. The way back: train.py --init_from=hf_dir.
 """
 import sys
 
-import configurator
+from training import configurator
 from training.checkpoint import checkpoint_path, load_checkpoint
 from training.errors import fail, install_handler
 from training.hf import check_exportable, export, has_own_code, tokenizer_for

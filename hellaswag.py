@@ -12,7 +12,7 @@ from contextlib import nullcontext
 
 import torch
 
-import configurator
+from training import configurator
 from model import GPT, GPT2_VOCAB_SIZE
 from training.checkpoint import LOAD_CHOICES, load_model
 from training.data import get_encoding

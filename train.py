@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed import init_process_group, destroy_process_group
 
-import configurator
+from training import configurator
 from training import rules
 from training.checkpoint import (checkpoint_path, load_checkpoint, pending_gradients, restore_pending_gradients,
                                  restore_training_state, save_checkpoint)
@@ -64,7 +64,7 @@ if int(os.environ.get('RANK', 0)) != 0:
 
 # -----------------------------------------------------------------------------
 # default config values designed to train a gpt2 (124M) on OpenWebText
-# (what a key does: its comment, or the `#:` line above a line kept as nanoGPT wrote it; configurator.py reads them)
+# (what a key does: its comment, or the `#:` line above a line kept as nanoGPT wrote it; training/configurator.py reads them)
 # I/O
 #: ckpt.pt is written here, and read from here with init_from='resume'
 out_dir = 'out'

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-import configurator
+from training import configurator
 from chunked_loss import chunked_cross_entropy, naive_cross_entropy
 from training import card_checks, rules, step
 from training.card_checks import autocast

@@ -5,7 +5,7 @@ import dataclasses
 import os
 
 import gpt2026
-from configurator import train_defaults
+from training.configurator import train_defaults
 from model import GPT2_VOCAB_SIZE, GPTConfig
 from training import hf, optim, parallel, runs, step
 from training.device import DTYPES

@@ -3,7 +3,7 @@ nanoGPT's among them, each described; the tools' describe every key."""
 import pytest
 import torch
 
-import configurator
+from training import configurator
 from helpers import run_script
 
 

@@ -17,7 +17,7 @@ import torch
 
 import attention
 import chunked_loss
-import configurator
+from training import configurator
 import flash_varlen_on_a_cpu
 from chunked_loss import chunked_cross_entropy
 from model import GPT, GPTConfig

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-import configurator
+from training import configurator
 from helpers import ROOT, logged_losses, patched_env, run_script, write_char_dataset
 from training.card import preset_paths
 from training.recipe import at_depth

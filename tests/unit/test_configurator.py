@@ -1,11 +1,11 @@
-"""configurator.py: nanoGPT's config files and --key=value overrides, --help, one-line errors, and read_keys, the
+"""training/configurator.py: nanoGPT's config files and --key=value overrides, --help, one-line errors, and read_keys, the
 reader of the scripts' declarations of their keys (train.py's block at its top) that runs none of their text."""
 import inspect
 
 import pytest
 
-import configurator
-from configurator import Key, load_config, read_keys
+from training import configurator
+from training.configurator import Key, load_config, read_keys
 from helpers import ROOT
 from training import device, rules
 from training.errors import ConfigError

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-import configurator
+from training import configurator
 import estimate_memory
 from training import rules
 from training.memory import estimate as em

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-import configurator
+from training import configurator
 from helpers import ROOT
 
 pytestmark = pytest.mark.skipif(shutil.which('git') is None or not (ROOT / '.git').exists(),

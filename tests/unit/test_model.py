@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import chunked_loss
-import configurator
+from training import configurator
 import model as model_lib
 from chunked_loss import chunked_cross_entropy, naive_cross_entropy
 from helpers import loss_and_grads, loss_budgets, loss_inputs, tiny_gpt

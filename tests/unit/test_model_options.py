@@ -204,7 +204,7 @@ def test_modern_activation_checkpointing_same_loss_and_gradients():
 def test_a_default_architecture_checkpoint_loads_in_the_previous_model_py():
     """train.py's model_args and state dict of a GPT-2 architecture, as nanoGPT's model.py (the reference has its
     GPTConfig) reads a ckpt.pt: GPTConfig(**model_args), then load_state_dict."""
-    import configurator
+    from training import configurator
     from training import rules
     config = {**configurator.train_defaults(), **SHAPE, 'device': 'cpu', 'dtype': 'float32'}
     model_args, _ = rules.model_args(config, 50)

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-import configurator
+from training import configurator
 import record_reference as R
 from helpers import ROOT
 from model import GPT, GPTConfig

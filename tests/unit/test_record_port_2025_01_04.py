@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-import configurator
+from training import configurator
 import record_reference_2025_01_04 as R
 from helpers import ROOT
 from model import GPT, GPTConfig

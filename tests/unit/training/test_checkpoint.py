@@ -30,7 +30,7 @@ def test_model_args_of_the_later_speedrun_options_round_trip_through_a_checkpoin
     """train.py's model_args record value_embeds, unet_skips, x0_shortcut, attn_window and doc_token, and the 4 Jan
     2025 record's value_scale, no_attn_layer, rope_truncated and attn_window_block; sample.py's load_model rebuilds
     the same model from them."""
-    import configurator
+    from training import configurator
     from training import rules
     config = {**configurator.train_defaults(), 'n_layer': 6, 'n_head': 2, 'n_embd': 16, 'block_size': 16,
               'device': 'cpu', 'dtype': 'float32', 'value_embeds': 2, 'unet_skips': True, 'x0_shortcut': True,

@@ -8,7 +8,7 @@ import pytest
 import tiktoken
 import torch
 
-import configurator
+from training import configurator
 from helpers import HF_ARGS as ARGS
 from helpers import (MODERN_ARCH_ARGS, ROOT, TEXT, assert_same_model, gpt2_cached, trained_like_gpt,
                      write_char_dataset, write_checkpoint)

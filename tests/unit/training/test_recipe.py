@@ -1,7 +1,7 @@
 """training/recipe.py: the runs bench_optim.py compares the recipe by, and its steps-to-a-loss measure."""
 import pytest
 
-import configurator
+from training import configurator
 from training import recipe, rules
 from training.errors import ConfigError
 from training.optim import MUON_ONLY_KEYS

@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-import configurator
+from training import configurator
 from helpers import ROOT
 from training import rules
 from training.errors import ConfigError

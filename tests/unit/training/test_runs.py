@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attention
-import configurator
+from training import configurator
 import gpt2026
 from helpers import tiny_gpt
 from model import GPT

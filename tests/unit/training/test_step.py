@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import attention
-import configurator
+from training import configurator
 import flex_on_a_cpu
 from helpers import tokens_with_documents
 from model import GPT, GPTConfig
