@@ -56,20 +56,26 @@ def our_steps(config, vocab_size, weights, first, x, y):
     return results
 
 
-def disagreements(config, vocab_size, weights, x, y, first_steps, reference_step, to_ours, to_record, tolerance):
+def disagreements(config, vocab_size, weights, x, y, first_steps, reference_step, to_ours, to_record, tolerance,
+                  references=None):
     """{what: relative error} over `tolerance` between our_steps and the reference's two steps from each of
     `first_steps`, from the same `weights` (the record's names): the loss, the gradients and the weights after each
     step, of the parameters both have, under the record's names. reference_step(weights, state, x, y, it) -> (loss,
-    grads, weights, state); to_ours, to_record: the weight map each way."""
+    grads, weights, state); to_ours, to_record: the weight map each way. references: a dict that keeps the
+    reference's steps by first step, for callers whose every call has the same weights and batch (a test module's
+    cases, each changing only the port)."""
     worst = {}
+    references = {} if references is None else references
     for first in first_steps:
         ours = [(loss, to_record(grads), to_record(after))
                 for loss, grads, after in our_steps(config, vocab_size, to_ours(weights), first, x, y)]
-        reference, state, w = [], {}, weights
-        for it in (first, first + 1):
-            loss, grads, w, state = reference_step(w, state, x, y, it)
-            reference.append((loss, grads, w))
-        for i, (a_step, b_step) in enumerate(zip(ours, reference)):
+        if first not in references:
+            steps, state, w = [], {}, weights
+            for it in (first, first + 1):
+                loss, grads, w, state = reference_step(w, state, x, y, it)
+                steps.append((loss, grads, w))
+            references[first] = steps
+        for i, (a_step, b_step) in enumerate(zip(ours, references[first])):
             for kind, a, b in [('loss', a_step[0], b_step[0]),
                                *((f'grad {n}', a_step[1][n], b_step[1][n]) for n in b_step[1] if n in a_step[1]),
                                *((f'weight {n}', a_step[2][n], b_step[2][n]) for n in b_step[2] if n in a_step[2])]:

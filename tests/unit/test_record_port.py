@@ -106,13 +106,17 @@ def tokens():
     return data[:, :-1].contiguous(), data[:, 1:].contiguous()
 
 
+# the record's steps from the start weights and batch every case shares: computed once a module
+REFERENCE_STEPS = {}
+
+
 def disagreements(**changes):
     """{what: relative error} over TOLERANCE of the recipe's port (with `changes`) against the record, for the loss,
     the gradients and the weights after each step, of the parameters both have."""
     x, y = tokens()
     return port_disagreements(preset_keys(**changes), VOCAB, off_start_weights(), x, y, FIRST_STEPS,
                               lambda w, state, x, y, it: R.train_step(w, state, x, y, it, RECORD),
-                              ours_from_record, record_from_ours, TOLERANCE)
+                              ours_from_record, record_from_ours, TOLERANCE, REFERENCE_STEPS)
 
 
 def init_disagreements(**changes):
