@@ -34,7 +34,7 @@ except ImportError:
 class Attention(NamedTuple):
     """The attention every layer runs in one forward, chosen once by choose_attention, and what that kind needs."""
     kind: str # 'causal', 'varlen', 'flex', 'window', 'masked', 'cache' (the table above)
-    mask: torch.Tensor = None # additive: masked (B, 1, T, T); window (B, n_blocks, 1, w, 2w); cache (B or 1, 1, T, keys)
+    mask: torch.Tensor = None # additive: masked (B, 1, T, T); window (B, n, 1, w, 2w); cache (B or 1, 1, T, keys)
     documents: tuple = () # varlen: (FlashAttention's kernel, its dtype, cu_seqlens, longest: document_segments')
     window: int = 0 # varlen: the sliding window (0: none)
     offset: int = 0 # cache: the position of the first new token

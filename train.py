@@ -64,7 +64,8 @@ if int(os.environ.get('RANK', 0)) != 0:
 
 # -----------------------------------------------------------------------------
 # default config values designed to train a gpt2 (124M) on OpenWebText
-# (what a key does: its comment, or the `#:` line above a line kept as nanoGPT wrote it; training/configurator.py reads them)
+# (what a key does: its comment, or the `#:` line above a line kept as nanoGPT wrote it; training/configurator.py
+# reads them)
 # I/O
 #: ckpt.pt is written here, and read from here with init_from='resume'
 out_dir = 'out'
