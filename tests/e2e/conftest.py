@@ -22,14 +22,26 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.originalname == CARD_PRESET_TEST)
 
 
+class TracedWhenAsked:
+    """A card preset's trace made in this process when its result is asked for, as a future's result() gives it."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def result(self):
+        return trace_card_preset(self.path)
+
+
 @pytest.fixture(scope='session', autouse=True)
 def card_preset_traces(request):
     """{preset: future of helpers.trace_card_preset} for the card presets whose test was selected, traced one after
     the other in a background process from the first end-to-end test on, at the lowest priority: on the core the
-    tests' runs (one process at a time, mostly) leave free. The gpt2-xl presets' traces take most of a minute each."""
+    tests' runs (one process at a time, mostly) leave free. The gpt2-xl presets' traces take most of a minute each.
+    Under pytest-xdist every core runs tests already, and each worker would trace every preset: each test traces its
+    own preset there."""
     paths = [item.callspec.params['path'] for item in request.session.items if item.originalname == CARD_PRESET_TEST]
-    if not paths:
-        yield {}
+    if not paths or os.environ.get('PYTEST_XDIST_WORKER'):
+        yield {path: TracedWhenAsked(path) for path in paths}
         return
     pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'), initializer=os.nice, initargs=(19,))
     yield {path: pool.submit(trace_card_preset, path) for path in paths}
