@@ -14,6 +14,10 @@ import pytest
 
 from helpers import ROOT, TEXT, patched_env, run_script, run_torchrun
 
+# the commands run in the pages' order, each on what those before it wrote: under pytest-xdist, all in one worker
+# (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group('readme')
+
 
 # what a command that would run long or reach the network gets appended, by its script
 TINY_MODEL = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=2', '--max_iters=2',
