@@ -167,17 +167,31 @@ def flash_varlen_attn():
         return None
     return varlen_attn if 'window_size' in inspect.signature(varlen_attn).parameters else None
 
+def varlen_kernel(device, dtype, head_size, flash_kernel=None, dropout=False):
+    """FlashAttention's variable-length kernel where it runs (flash_kernel None: an Ampere or later GPU; True: on any
+    device, as estimate_memory.py traces a CUDA run on a CPU; False: never), else None: it needs bf16 or fp16 (the
+    matrix products' dtype), heads of a multiple of 8 up to 256 wide (SDPA pads other sizes for its kernel, varlen_attn
+    doesn't), no dropout, and a torch that has it."""
+    on_cuda = flash_kernel if flash_kernel is not None else (
+        device.type == 'cuda' and torch.cuda.get_device_capability(device) >= (8, 0))
+    heads_fit = head_size % 8 == 0 and head_size <= 256
+    runs = on_cuda and dtype in (torch.bfloat16, torch.float16) and heads_fit and not dropout
+    return flash_varlen_attn() if runs else None
+
+def segments(starts):
+    """(cu_seqlens, longest), as varlen_attn takes them: the offsets of the segments of starts (B, T) flattened, each
+    starting where `starts` is True (every row's first position must be), and the longest one's length."""
+    cu_seqlens = F.pad(starts.view(-1).nonzero().view(-1), (0, 1), value=starts.numel()).to(torch.int32)
+    return cu_seqlens, int(cu_seqlens.diff().max())
+
 @torch._disable_dynamo # the number of documents depends on the tokens: computed eagerly, outside a compiled graph
 def document_segments(idx, doc_token):
-    """(cu_seqlens, longest): the offsets of the documents of idx (B, T) flattened, each row starting one and each
-    doc_token (if >= 0) another, and the longest one's length, as varlen_attn takes them."""
-    b, t = idx.shape
-    starts = torch.zeros(b, t, dtype=torch.bool, device=idx.device)
+    """segments of the documents of idx (B, T): each row starts one, and each doc_token (if >= 0) another."""
+    starts = torch.zeros(idx.shape, dtype=torch.bool, device=idx.device)
     starts[:, 0] = True
     if doc_token >= 0:
         starts |= idx == doc_token
-    cu_seqlens = F.pad(starts.view(-1).nonzero().view(-1), (0, 1), value=b * t).to(torch.int32)
-    return cu_seqlens, int(cu_seqlens.diff().max())
+    return segments(starts)
 
 def document_attention(q, k, v, varlen_attn, dtype, cu_seqlens, longest, window):
     """Causal attention within each document, over at most `window` positions (0: all), with FlashAttention's
@@ -190,11 +204,9 @@ def document_attention(q, k, v, varlen_attn, dtype, cu_seqlens, longest, window)
 
 @torch._disable_dynamo # as document_segments: the number of documents depends on the tokens
 def position_segments(docs):
-    """(cu_seqlens, longest) of docs (B, T), each position's document id (ids grow along a row): a segment starts at
-    each row and wherever the id changes, as varlen_attn takes them."""
-    starts = F.pad(docs.diff(dim=1) != 0, (1, 0), value=True)
-    cu_seqlens = F.pad(starts.view(-1).nonzero().view(-1), (0, 1), value=docs.numel()).to(torch.int32)
-    return cu_seqlens, int(cu_seqlens.diff().max())
+    """segments of docs (B, T), each position's document id (ids grow along a row): one starts at each row and
+    wherever the id changes."""
+    return segments(F.pad(docs.diff(dim=1) != 0, (1, 0), value=True))
 
 def window_document_attention(q, k, v, docs, window, scale):
     """gpt2026.attend with FlashAttention's variable-length kernel, GPT2026's attention on CUDA (Ampere or later):

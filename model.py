@@ -23,7 +23,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from attention import CAUSAL, KVCache, attend, choose_attention, flash_varlen_attn, flex_attention
+from attention import CAUSAL, KVCache, attend, choose_attention, flex_attention, varlen_kernel
 from chunked_loss import chunked_cross_entropy
 
 class LayerNorm(nn.Module):
@@ -311,16 +311,10 @@ class GPT(nn.Module):
         return torch.get_autocast_dtype(device_type) if autocast else self.lm_head.weight.dtype
 
     def varlen_kernel(self, idx):
-        """FlashAttention's variable-length kernel where it runs (flash_kernel None: an Ampere or later GPU), else
-        None: it needs bf16 or fp16, heads of a multiple of 8 up to 256 wide, no dropout, and a torch that has it."""
-        on_cuda = self.flash_kernel if self.flash_kernel is not None else (
-            idx.is_cuda and torch.cuda.get_device_capability(idx.device) >= (8, 0))
-        dtype = self.compute_dtype(idx.device.type)
-        head_size = self.config.n_embd // self.config.n_head
-        heads_fit = head_size % 8 == 0 and head_size <= 256 # SDPA pads other sizes for the kernel; varlen_attn doesn't
-        dropout = self.training and self.config.dropout > 0
-        runs = on_cuda and dtype in (torch.bfloat16, torch.float16) and heads_fit and not dropout
-        return flash_varlen_attn() if runs else None
+        """attention.varlen_kernel for this forward: FlashAttention's variable-length kernel where it runs (flash_kernel
+        None: an Ampere or later GPU) in the forward's dtype, without dropout; else None."""
+        return varlen_kernel(idx.device, self.compute_dtype(idx.device.type), self.config.n_embd // self.config.n_head,
+                             self.flash_kernel, dropout=self.training and self.config.dropout > 0)
 
     def flex_kernel_options(self, idx):
         """flex_options where FlexAttention runs windows in blocks (flex_runs), else None."""

@@ -12,9 +12,10 @@ import numpy as np
 import torch
 
 import gpt2026
-from attention import flash_varlen_attn, window_document_attention
+from attention import varlen_kernel, window_document_attention
 from model import GPT, GPTConfig
 from training import record2026
+from training.device import TORCH_DTYPES
 from training.documents import DocumentRows
 from training.optim import describe, schedule_groups
 from training.schedule import attn_window_at, scheduled_lr
@@ -47,16 +48,12 @@ def new_model(model_args, **options):
 
 def record_options(config, model_args, flash_kernel=None):
     """GPT2026's constructor options for config's run: its loss in chunks of loss_chunk_mib (3 fp32 buffers of
-    vocab_size a row), and its attention: FlashAttention's variable-length kernel where it runs, as model.py's
-    GPT.varlen_kernel decides (flash_kernel None: on an Ampere or later GPU; True: on any device, as the estimator
-    traces a CUDA run there): under bf16 or fp16 autocast, heads a multiple of 8 up to 256 wide, with a torch that
-    has it, attention_kernel not 'masked'; else gpt2026.attend, SDPA under a mask."""
-    device = torch.device(config['device'])
-    on_cuda = flash_kernel if flash_kernel is not None else (
-        device.type == 'cuda' and torch.cuda.get_device_capability(device) >= (8, 0))
-    head_size = model_args['n_embd'] // model_args['n_head']
-    kernel_runs = (on_cuda and config['dtype'] in ('bfloat16', 'float16') and head_size % 8 == 0 and head_size <= 256
-            and config['attention_kernel'] != 'masked' and flash_varlen_attn() is not None)
+    vocab_size a row), and its attention: FlashAttention's variable-length kernel where attention.varlen_kernel
+    runs it in config's dtype (flash_kernel None: on an Ampere or later GPU; True: on any device, as the estimator
+    traces a CUDA run there) and attention_kernel is not 'masked'; else gpt2026.attend, SDPA under a mask."""
+    kernel = varlen_kernel(torch.device(config['device']), TORCH_DTYPES[config['dtype']],
+                           model_args['n_embd'] // model_args['n_head'], flash_kernel)
+    kernel_runs = kernel is not None and config['attention_kernel'] != 'masked'
     rows = int(config['loss_chunk_mib'] * 2 ** 20) // (3 * 4 * model_args['vocab_size'])
     return dict(loss_chunk_rows=max(1, rows), attend=window_document_attention if kernel_runs else gpt2026.attend)
 
