@@ -23,14 +23,14 @@ import time
 import numpy as np
 import torch
 
-from model import GPT, GPT2_VOCAB_SIZE, GPTConfig
+from model import GPT2_VOCAB_SIZE
 from training import phase_log
 from training.card_measure import SPEEDRUN, load_preset, run_child
 from training.errors import first_line
 from training.memory import estimate as em
 from training.memory.floor import training_floor
 from training.rules import DEFAULT_VOCAB_SIZE
-from training.schedule import scheduled_window
+from training.runs import make_run, new_model
 
 PRESET_PATTERN = re.compile(r'_(\d+)gb\.py$')
 # one train.py process: its exit status (None: stopped at its limit), last output line, out-of-memory line, phase log
@@ -40,7 +40,6 @@ Run = collections.namedtuple('Run', 'status last_line out_of_memory events')
 def card_gib(path):
     """The card a preset names, in GiB (a "12 GB" card has 12 GiB, as the estimate counts it)."""
     return int(PRESET_PATTERN.search(os.path.basename(path)).group(1))
-
 
 
 def preset_paths(config_dir='config'):
@@ -55,6 +54,7 @@ def preset_paths(config_dir='config'):
         return (os.path.basename(path) != SPEEDRUN, card_gib(path) != 12,
                 sum(training_floor(config, model_args).values()), -card_gib(path), os.path.basename(path))
     return sorted(paths, key=order)
+
 
 def cap_bytes(config, card):
     """The allocator's cap that stands for a card of `card` GiB: the card less the headroom the estimate leaves to
@@ -214,32 +214,28 @@ def figures(config, model_args, runs, peak_flops, compiled):
         row.update(compile_seconds=step_times[0] - step_seconds + evaluations[0] - eval_seconds,
                    resume_compile_seconds=durations(resumed, 'step')[0] - step_seconds +
                    durations(resumed, 'evaluation')[0] - eval_seconds)
-    tokens = config['batch_size'] * config['block_size'] * config['gradient_accumulation_steps']
+    # the model file's iterations (training.runs): micro-steps each, the timed steps' among them, and its MFU, the model
+    # built on the meta device, which allocates nothing
+    with torch.device('meta'):
+        run = make_run(config, new_model(model_args), None)
+    micro_steps, timed = [run.micro_steps(it) for it in range(config['max_iters'])], run.micro_steps(1)
+    row_tokens = config['batch_size'] * config['block_size']
     rows = config['eval_batch_size'] or config['batch_size']
     micro_batches = 2 * math.ceil(eval_iters(config) * config['batch_size'] / rows) # both splits
-    row.update(tokens_per_s=tokens / step_seconds, mfu=mfu(config, model_args, step_seconds, peak_flops),
-               eval_micro_batch_seconds=eval_seconds / micro_batches, tokens=config['max_iters'] * tokens)
-    row.update(run_hours(config, row))
+    row.update(tokens_per_s=row_tokens * timed / step_seconds, eval_micro_batch_seconds=eval_seconds / micro_batches,
+               mfu=run.mfu(1, config['batch_size'] * timed, step_seconds, peak_flops) if peak_flops else None,
+               tokens=row_tokens * sum(micro_steps))
+    row.update(run_hours(config, row, sum(micro_steps) / timed))
     return row
 
 
-def mfu(config, model_args, step_seconds, peak_flops):
-    """train.py's MFU (GPT.estimate_mfu) at step_seconds, at the window of the timed steps; the model built on the
-    meta device, which allocates nothing. None where the GPU's peak is not known (a CPU)."""
-    if not peak_flops:
-        return None
-    with torch.device('meta'):
-        model = GPT(GPTConfig(**model_args))
-    return model.estimate_mfu(config['batch_size'] * config['gradient_accumulation_steps'], step_seconds, peak_flops,
-                              scheduled_window(1, config) or None)
-
-
-def run_hours(config, row):
-    """train.py's run of `config` at the measured rate, in hours: max_iters steps (train_hours), and an evaluation
-    every eval_interval (eval_iters x batch_size windows of each split in eval_batch_size micro-batches: eval_hours)."""
+def run_hours(config, row, steps):
+    """train.py's run of `config` at the measured rate, in hours: `steps` steps of the timed ones' micro-steps
+    (max_iters, or more where a model file's batch grows: train_hours), and an evaluation every eval_interval (eval_iters
+    x batch_size windows of each split in eval_batch_size micro-batches: eval_hours)."""
     evaluations = config['max_iters'] // config['eval_interval'] + 1
     rows = config['eval_batch_size'] or config['batch_size']
     micro_batches = 2 * -(-config['eval_iters'] * config['batch_size'] // rows)
-    train_hours = config['max_iters'] * row['step_seconds'] / 3600
+    train_hours = steps * row['step_seconds'] / 3600
     eval_hours = evaluations * micro_batches * row['eval_micro_batch_seconds'] / 3600
     return dict(train_hours=train_hours, eval_hours=eval_hours, hours=train_hours + eval_hours)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from training import card_train
+from training import card_train, record2026
 from training.card_measure import TINY, load_preset
 from training.card_train import Run
 from training.device import memory_fraction
@@ -89,6 +89,22 @@ def test_the_figures_come_from_the_phase_logs_compilation_beyond_the_steady_step
     assert 'compile_seconds' not in card_train.figures(config, model_args, runs, None, compiled=False)
 
 
+def test_the_figures_of_the_2026_record_follow_its_growing_batch():
+    """gpt2026.py's run: its micro-steps grow with the record's batch (x1, x2, x3 over the run), so its tokens and
+    training hours are the sum over its iterations, at the timed steps' (the first stage's) rate; its MFU its run's."""
+    config, _, model_args = load_preset('config/speedrun2026_gpt2_12gb.py', tiny=False)
+    runs = [Run(0, '', None, FIRST), Run(0, '', None, RESUMED)]
+    figures = card_train.figures(config, model_args, runs, 989e12, compiled=True)
+    timed = config['gradient_accumulation_steps']  # the first stage's micro-steps
+    micro_steps = sum(record2026.batch_size_at(it) // record2026.BATCH_SIZES[0] * timed
+                      for it in range(config['max_iters']))
+    row_tokens = config['batch_size'] * config['block_size']
+    assert figures['tokens'] == row_tokens * micro_steps > config['max_iters'] * row_tokens * timed
+    assert figures['tokens_per_s'] == row_tokens * timed / 2.0
+    assert figures['train_hours'] == pytest.approx(micro_steps / timed * 2.0 / 3600)
+    assert 0 < figures['mfu'] < 1
+
+
 @pytest.mark.parametrize('runs, phase', [
     ([Run(2, 'error: n_head', None, [])], 'starting'),
     ([Run(None, '', None, FIRST[:3])], 'step'),
@@ -122,7 +138,7 @@ def test_an_out_of_memory_error_is_a_fail_a_stop_or_another_error_is_not_nor_a_c
 
 def test_hours_of_training_and_of_evaluations_apart_and_summed():
     config = dict(max_iters=100, eval_interval=50, eval_iters=4, batch_size=8, eval_batch_size=2)
-    hours = card_train.run_hours(config, dict(step_seconds=36.0, eval_micro_batch_seconds=1.5))
+    hours = card_train.run_hours(config, dict(step_seconds=36.0, eval_micro_batch_seconds=1.5), config['max_iters'])
     # 100 steps of 36 s, and 3 evaluations (0, 50, 100) of 2 splits x 16 micro-batches of 1.5 s
     assert hours == dict(train_hours=1.0, eval_hours=3 * 2 * 16 * 1.5 / 3600, hours=1.0 + 3 * 2 * 16 * 1.5 / 3600)
     assert math.isclose(hours['eval_hours'], 0.04)
