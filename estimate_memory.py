@@ -22,7 +22,7 @@ import sys
 import time
 
 from training import configurator
-from training import optim, rules, runs
+from training import rules, runs
 from training.errors import ConfigError, fail
 from training.memory.estimate import (FRAGMENTATION, GIB, LOSSES, MIB, TRACED_ITERATIONS, check_config, estimate,
                                       gib)
