@@ -180,9 +180,12 @@ def varlen_kernel(device, dtype, head_size, flash_kernel=None, dropout=False):
 
 def segments(starts):
     """(cu_seqlens, longest), as varlen_attn takes them: the offsets of the segments of starts (B, T) flattened, each
-    starting where `starts` is True (every row's first position must be), and the longest one's length."""
+    starting where `starts` is True (every row's first position must be), and a bound on their lengths, T: no
+    segment crosses a row. The kernel sizes its grid by the bound (blocks past a segment's end return at once);
+    their longest would be read from the GPU, which then waits for the CPU to launch what follows. Their count is
+    read all the same (nonzero): once a forward."""
     cu_seqlens = F.pad(starts.view(-1).nonzero().view(-1), (0, 1), value=starts.numel()).to(torch.int32)
-    return cu_seqlens, int(cu_seqlens.diff().max())
+    return cu_seqlens, starts.size(1)
 
 @torch._disable_dynamo # the number of documents depends on the tokens: computed eagerly, outside a compiled graph
 def document_segments(idx, doc_token):
@@ -208,15 +211,15 @@ def position_segments(docs):
     wherever the id changes."""
     return segments(F.pad(docs.diff(dim=1) != 0, (1, 0), value=True))
 
-def window_document_attention(q, k, v, docs, window, scale):
+def window_document_attention(q, k, v, segments, window, scale):
     """gpt2026.attend with FlashAttention's variable-length kernel, GPT2026's attention on CUDA (Ampere or later):
-    q, k, v (B, T, H, D), each query t seeing the keys from t - window to t of its document (docs (B, T): each
-    position's), window_size=(window, 0), without attend's (B, 1, T, T) mask; in autocast's dtype (q and k leave
-    RMSNorm in fp32 under it)."""
+    q, k, v (B, T, H, D), each query t seeing the keys from t - window to t of its document (segments: the
+    documents' (cu_seqlens, longest), position_segments', which GPT2026 makes once a forward), window_size=(window,
+    0), without attend's (B, 1, T, T) mask; in autocast's dtype (q and k leave RMSNorm in fp32 under it)."""
     B, T, H, D = q.shape
     device_type = q.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else v.dtype
-    cu_seqlens, longest = position_segments(docs)
+    cu_seqlens, longest = segments
     q, k, v = (t.reshape(B * T, H, D).to(dtype) for t in (q, k, v))
     y = flash_varlen_attn()(q, k, v, cu_seqlens, cu_seqlens, longest, longest, scale=scale, window_size=(window, 0))
     return y.view(B, T, H, D)

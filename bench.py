@@ -292,8 +292,9 @@ def bench_count_ops():
     """training/opcount.py's count of one iteration of this config, as on CUDA (fused AdamW; fake tensors: any size
     counts in seconds): train.py's step with our loss and with nanoGPT's, and nanoGPT's loop, part by part."""
     keys = {**config, **SCRATCH, 'world_size': 1}
-    columns = {'ours, chunked loss': count_step(keys, 'chunked'), 'ours, naive loss': count_step(keys, 'naive'),
-               "nanoGPT's loop, naive loss": count_step(keys, 'naive', 'nanogpt')}
+    columns = {'ours, chunked loss': count_step(keys, 'chunked').counts,
+               'ours, naive loss': count_step(keys, 'naive').counts,
+               "nanoGPT's loop, naive loss": count_step(keys, 'naive', 'nanogpt').counts}
     print(f'aten operators of one training iteration: {n_layer} layers, micro-batch {batch_size} x {block_size}, '
           f'gradient_accumulation_steps={gradient_accumulation_steps}, grad_clip={grad_clip}, '
           f"{'no autocast' if dtype == 'float32' else dtype + ' autocast'}, "

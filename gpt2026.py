@@ -133,8 +133,9 @@ class CausalSelfAttention(nn.Module):
         self.shift_keys = kind == 'long'
 
     def forward(self, x, value_rows, rotary, docs, window, scale):
-        """x: the block's normed input (B, T, C); value_rows: this layer's value-embedding rows or None; rotary:
-        (cos, sin) for the layer's kind (GPT2026.rotary); the softmax `scale` and `window` (tokens) of this step."""
+        """x: the block's normed input (B, T, C); value_rows: this layer's value-embedding rows or None; rotary and
+        docs: those of the layer's layout (GPT2026.rotary, GPT2026.documents); the softmax `scale` and `window`
+        (tokens) of this step."""
         B, T, C = x.size()
         q, k, v = F.linear(x, self.lambdas[0] * self.c_attn.weight).view(B, T, 3 * self.n_head, -1).chunk(3, dim=2)
         q, k = rotate(rms_norm(q), *rotary), rotate(rms_norm(k), *rotary)
@@ -145,9 +146,9 @@ class CausalSelfAttention(nn.Module):
             v = v + 2 * torch.sigmoid(self.value_gate(gate_input))[..., None] * value_rows.view_as(v)
         if self.paired:
             # token t's first H/2 heads at position 2t, its last H/2 at 2t + 1 (the record's layout): each query
-            # attends to the keys of its head and of its pair, head h +- H/2, over twice the positions
+            # attends to the keys of its head and of its pair, head h +- H/2, over twice the positions (docs: theirs)
             pair = lambda t: t.reshape(B, 2 * T, self.n_head // 2, -1)
-            y = self.attend(pair(q), pair(k), pair(v), docs.repeat_interleave(2, dim=1), window, scale)
+            y = self.attend(pair(q), pair(k), pair(v), docs, window, scale)
             y = y.reshape(q.shape)
         else:
             y = self.attend(q, k, v, docs, window, scale)
@@ -179,18 +180,21 @@ class Block(nn.Module):
         if self.attn is not None:
             kind = 'paired' if self.attn.paired else 'single'
             window = windows[1] if self.long_window else windows[0]
-            x = x + self.attn(rms_norm(x), value_rows, rotary[kind], docs, window, scale)
+            x = x + self.attn(rms_norm(x), value_rows, rotary[kind], docs[kind], window, scale)
         return x + self.mlp(rms_norm(x))
 
 
 class GPT2026(nn.Module):
 
-    def __init__(self, config, *, loss_chunk_rows=1024, attend=attend):
+    def __init__(self, config, *, loss_chunk_rows=1024, attend=attend, segments=None):
         """loss_chunk_rows: the rows of logits the loss holds at once (fp32: 4 * vocab_size bytes each, 3 buffers).
-        attend: every attention layer's, a function of attend's arguments computing what it does."""
+        attend: every attention layer's, a function of attend's arguments computing what it does, its `docs` what
+        segments (None: the ids themselves) makes of a layout's document ids (B, T), once a forward: FlashAttention's
+        cu_seqlens, say, whose count of documents a GPU must wait for, once and not in every layer."""
         super().__init__()
         self.config = config
         self.loss_chunk_rows = loss_chunk_rows
+        self.segments = segments
         d, n_layer = config.n_embd, len(config.layers)
         tables = {table for _, table in config.layers if table is not None}
         self.transformer = nn.ModuleDict(dict(
@@ -256,6 +260,13 @@ class GPT2026(nn.Module):
     def set_extra_state(self, state):
         self.embedding_tied, self.rotary_windows = state['embedding_tied'], list(state['rotary_windows'])
 
+    def documents(self, idx):
+        """{'single': docs, 'paired': docs} of idx (B, T), as attend takes them: each position's document id (a
+        document starts at each doc_token), for paired heads at each of positions 2t and 2t + 1 (GPT2026.rotary)."""
+        docs = (idx == self.config.doc_token).cumsum(1)
+        layouts = {'single': docs, 'paired': docs.repeat_interleave(2, dim=1)}
+        return layouts if self.segments is None else {kind: self.segments(ids) for kind, ids in layouts.items()}
+
     def rotary(self, T, device, dtype):
         """({'single': (cos, sin), 'paired': (cos, sin)}, softmax scale) for rows of T tokens. Paired heads rotate
         head h of token t at position 2t + h % 2 (the record's: its tables pair heads 2j and 2j + 1, though its
@@ -279,7 +290,7 @@ class GPT2026(nn.Module):
             raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
         B, T = idx.size()
         windows = (config.short_window, config.long_window) if windows is None else windows
-        docs = (idx == config.doc_token).cumsum(1)
+        docs = self.documents(idx)
         wte = self.lm_head.weight if self.embedding_tied else self.transformer.wte.weight
         x = F.embedding(idx, wte)
         # smear: each position's embedding takes in the previous token's, as much as its own gate lets it

@@ -19,17 +19,37 @@ from training.memory import estimate
 # forward and its backward nodes), the rest of backward; then the bookkeeping around them, what nanoGPT's loop does too
 PARTS = ('forward', 'loss', 'backward', 'accumulation', 'clipping', 'optimizer', 'logging')
 OVERHEAD = PARTS[3:]
+# Operators whose result's size or value the CPU reads from a GPU: the CPU waits there for every kernel before it,
+# then the GPU idles while the CPU launches what follows. train.py's step should have none but the log line's.
+GPU_WAITS = frozenset({'_local_scalar_dense', 'nonzero', 'masked_select', 'unique', '_unique', '_unique2',
+                       'unique_dim', 'unique_consecutive', 'repeat_interleave', 'equal', 'is_nonzero'})
+
+
+def waits_for_gpu(func, args, kwargs):
+    """Whether aten operator `func` on these arguments makes the CPU wait for a GPU: repeat_interleave does where
+    it must sum its repeats for its output's size (no output_size given), indexing by a boolean mask where it must
+    count the mask's positions (x[mask]; masked_fill is the operator that needs no count)."""
+    if func._opname in ('index', 'index_put', 'index_put_', '_index_put_impl_'):
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+    if func._opname == 'repeat_interleave':
+        given = {**dict(zip((a.name for a in func._schema.arguments), args)), **(kwargs or {})}
+        return given.get('output_size') is None and isinstance(given.get('repeats', given.get('self')), torch.Tensor) \
+            and func._overloadname != 'self_int'
+    return func._opname in GPU_WAITS
 
 
 class OperatorCounter(TorchDispatchMode):
     """Counts the aten operators dispatched while it is active, by part of the iteration: `part` (a context) names
     the bookkeeping, the model's forward hooks the forward, the autograd node running an op the backward (the loss's
     nodes, by sequence number, the loss). Only aten's operators count: prim ops (a tensor's .device) and the
-    profiler's record_function launch nothing."""
+    profiler's record_function launch nothing; a higher-order operator (FlexAttention's) counts as the one kernel it
+    compiles to. waits: those of GPU_WAITS, by part."""
+    supports_higher_order_operators = True
 
     def __init__(self):
         super().__init__()
         self.counts = dict.fromkeys(PARTS, 0)
+        self.waits = dict.fromkeys(PARTS, 0)
         self.current = 'accumulation'  # what runs outside the model and the named parts: train_step's own ops
         self.loss_nodes = []  # (first, last) autograd sequence numbers of each loss's backward nodes
 
@@ -64,8 +84,13 @@ class OperatorCounter(TorchDispatchMode):
         return 'loss' if any(first <= seq <= last for first, last in self.loss_nodes) else 'backward'
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == 'aten':
+        if isinstance(func, torch._ops.HigherOrderOperator):
             self.counts[self._part()] += 1
+        elif func.namespace == 'aten':
+            part = self._part()
+            self.counts[part] += 1
+            if waits_for_gpu(func, args, kwargs):
+                self.waits[part] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -116,13 +141,13 @@ STEPS = {'ours': ours_step, 'nanogpt': nanogpt_step}
 
 
 def count_step(config, loss='chunked', loop='ours', device_type='cuda'):
-    """{part: aten operators} of one training iteration of `config` (estimate_memory.py's keys) with `loss` ('chunked'
+    """The OperatorCounter (its counts and waits, {part: aten operators}) of one training iteration of `config` (estimate_memory.py's keys) with `loss` ('chunked'
     or 'naive') in `loop` ('ours': train.py's train_step; 'nanogpt': nanoGPT's loop), counted after a first
     iteration has made the optimizer's state, under FakeTensorMode with train.py's model and the optimizer it builds
-    on `device_type` (fused AdamW on CUDA), autocast as the estimator traces it."""
-    with FakeTensorMode():
+    on `device_type` (fused AdamW on CUDA), its attention kernels and autocast as the estimator traces them."""
+    with FakeTensorMode(), estimate.attention_as_on_cuda():
         counter = OperatorCounter()
-        model, optimizer = estimate.build(config, 'cpu', device_type, flash_kernel=device_type == 'cuda',
+        model, optimizer = estimate.build(config, 'cpu', device_type, **estimate.attention_kernels(config, device_type),
                                           loss_fn=estimate.LOSS_FUNCTIONS[loss])
         model.loss_fn = counter.watch(model, optimizer, model.loss_fn)
         model.train()
@@ -133,8 +158,8 @@ def count_step(config, loss='chunked', loop='ours', device_type='cuda'):
         run = STEPS[loop]
         run(model, optimizer, batches, config['gradient_accumulation_steps'], ctx, scaler, config['grad_clip'],
             counter)  # the first iteration: the optimizer's state is made here, once a run
-        counter.counts = dict.fromkeys(PARTS, 0)
+        counter.counts, counter.waits = dict.fromkeys(PARTS, 0), dict.fromkeys(PARTS, 0)
         with counter:
             run(model, optimizer, batches, config['gradient_accumulation_steps'], ctx, scaler, config['grad_clip'],
                 counter)
-    return counter.counts
+    return counter

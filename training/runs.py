@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 import gpt2026
-from attention import varlen_kernel, window_document_attention
+import attention
 from model import GPT, GPTConfig
 from training import record2026
 from training.device import TORCH_DTYPES
@@ -50,12 +50,17 @@ def record_options(config, model_args, flash_kernel=None):
     """GPT2026's constructor options for config's run: its loss in chunks of loss_chunk_mib (3 fp32 buffers of
     vocab_size a row), and its attention: FlashAttention's variable-length kernel where attention.varlen_kernel
     runs it in config's dtype (flash_kernel None: on an Ampere or later GPU; True: on any device, as the estimator
-    traces a CUDA run there) and attention_kernel is not 'masked'; else gpt2026.attend, SDPA under a mask."""
-    kernel = varlen_kernel(torch.device(config['device']), TORCH_DTYPES[config['dtype']],
-                           model_args['n_embd'] // model_args['n_head'], flash_kernel)
+    traces a CUDA run there) and attention_kernel is not 'masked', over the documents' segments (made once a forward);
+    else gpt2026.attend, SDPA under a mask."""
+    kernel = attention.varlen_kernel(torch.device(config['device']), TORCH_DTYPES[config['dtype']],
+                                     model_args['n_embd'] // model_args['n_head'], flash_kernel)
     kernel_runs = kernel is not None and config['attention_kernel'] != 'masked'
     rows = int(config['loss_chunk_mib'] * 2 ** 20) // (3 * 4 * model_args['vocab_size'])
-    return dict(loss_chunk_rows=max(1, rows), attend=window_document_attention if kernel_runs else gpt2026.attend)
+    if not kernel_runs:
+        return dict(loss_chunk_rows=max(1, rows), attend=gpt2026.attend)
+    # the documents' segments looked up here, when the model is built: the memory estimator's trace replaces them
+    return dict(loss_chunk_rows=max(1, rows), attend=attention.window_document_attention,
+                segments=attention.position_segments)
 
 
 def optimizer_words(config):

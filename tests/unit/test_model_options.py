@@ -16,6 +16,7 @@ from chunked_loss import chunked_cross_entropy
 from helpers import ROOT, loss_and_gradients, loss_budgets, softcap_inputs, tokens_with_documents
 from attention import Attention, KVCache, blocked_attention, local_attention_mask
 from model import GPT, GPTConfig, LayerNorm, apply_rotary, rotary_cos_sin, value_embed_table
+from training.opcount import OperatorCounter
 
 
 # modded-nanogpt's later records: value embeddings, U-net skip connections, the embedding shortcut
@@ -378,8 +379,11 @@ def test_document_attention_passes_flash_attentions_kernel_the_documents_and_win
     x, y = tokens_with_documents((3, 16), 1), torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(2))
     blocked = loss_and_gradients(model, x, y)
     monkeypatch.setattr(GPT, 'varlen_kernel', lambda self, idx: flash_kernel)
-    with flash_varlen_on_a_cpu.full_precision():  # in fp64: a key let in or out shows above rounding
-        torch.testing.assert_close(blocked, loss_and_gradients(model, x, y))
+    with flash_varlen_on_a_cpu.full_precision(), OperatorCounter() as operators:  # in fp64: a key let in or out
+        flash = loss_and_gradients(model, x, y)                                  # shows above rounding
+    torch.testing.assert_close(blocked, flash)
+    # the count of documents, read from the GPU once a forward (nonzero): the only wait for it, whatever the layers
+    assert sum(operators.waits.values()) == 1
 
 
 def test_flash_attentions_kernel_gets_autocasts_dtype_whatever_the_values_mix_in(flash_kernel):

@@ -17,6 +17,7 @@ import torch
 import attention
 import flash_varlen_on_a_cpu
 import gpt2026
+from training.opcount import OperatorCounter
 import record_reference_2026_01_24 as R
 from record_port_2026 import ours_from_record, record_from_ours
 
@@ -114,10 +115,10 @@ def reference(stage):
     return loss, R.tie_gradients(grads) if stage.tied else grads
 
 
-def port_model(stage, attend=gpt2026.attend):
+def port_model(stage, attend=gpt2026.attend, segments=None):
     """gpt2026's model in float64 at `stage`: its rotary fitted through the stage's long windows, untied after the
-    split, holding record_weights (its wte unused while tied); its attention `attend`."""
-    model = gpt2026.GPT2026(copy.deepcopy(PORT), loss_chunk_rows=CHUNK_ROWS, attend=attend).double()
+    split, holding record_weights (its wte unused while tied); its attention `attend` over `segments`."""
+    model = gpt2026.GPT2026(copy.deepcopy(PORT), loss_chunk_rows=CHUNK_ROWS, attend=attend, segments=segments).double()
     for window in stage.fitted:
         model.fit_rotary(window * CFG.block_size)
     model.embedding_tied = stage.tied
@@ -356,19 +357,20 @@ def test_attend_is_flashattentions_varlen_kernel_with_a_window_by_position(windo
 
 @pytest.mark.parametrize('name', ['step 0: windows 1/3, mtp 1, 0.5, 0.25, tied',
                                   'final validation at 1600: the long window 20 without YaRN'])
-def test_the_model_on_flashattentions_varlen_kernel_has_the_masked_attentions_loss_and_gradients(name, flash_kernel,
-                                                                                                monkeypatch):
+def test_the_model_on_flashattentions_varlen_kernel_has_the_masked_attentions_loss_and_gradients(name, flash_kernel):
     """GPT2026 with attention.window_document_attention, the varlen kernel a CUDA run passes it, on the kernel's CPU
     stand-in: the loss and every gradient of its own SDPA under a mask, at training's windows and MTP weights and at
     the final validation's long window, in float64 (full_precision: the comparison needs more digits than bf16's)."""
     stage, calls = STAGES[name], []
-    segments = attention.position_segments
-    monkeypatch.setattr(attention, 'position_segments', lambda docs: calls.append(docs.shape) or segments(docs))
+    counted = lambda docs: calls.append(docs.shape) or attention.position_segments(docs)
     with flash_varlen_on_a_cpu.full_precision():
         loss, grads = port(port_model(stage), stage)
-        kernel_loss, kernel_grads = port(port_model(stage, attention.window_document_attention), stage)
-    # each attention layer's documents: the paired ones over twice the positions
-    assert calls == [(2, 2 * T if kind == 'paired' else T) for kind, _ in gpt2026.RECORD_LAYERS if kind]
+        with OperatorCounter() as operators:
+            kernel_loss, kernel_grads = port(port_model(stage, attention.window_document_attention, counted), stage)
+    # the documents' segments made once a forward for each layout, whatever the layers: the paired heads' over twice
+    # the positions. Their count is read from the GPU (nonzero): the forward's only waits for it, two, not two a layer
+    assert calls == [(2, T), (2, 2 * T)]
+    assert sum(operators.waits.values()) == 2
     assert relative_error(kernel_loss, loss) < TOLERANCE and grads.keys() == kernel_grads.keys()
     assert all(relative_error(kernel_grads[n], grads[n]) < TOLERANCE for n in grads if grads[n].abs().max() > 0)
 

@@ -119,7 +119,7 @@ def rows_as_documents(idx, doc_token):
 SCALED_DOT_PRODUCT_ATTENTION = torch.nn.functional.scaled_dot_product_attention  # torch's, which the trace replaces
 
 
-def attention_as_on_cuda(q, k, v, attn_mask=None, dropout_p=0.0, **kwargs):
+def sdpa_as_on_cuda(q, k, v, attn_mask=None, dropout_p=0.0, **kwargs):
     """F.scaled_dot_product_attention for a trace: CUDA's attention kernels apply dropout inside the kernel and keep
     no T x T matrix; CPU's SDPA falls back to the math kernel for dropout, which would, so the trace runs attention
     without dropout."""
@@ -137,6 +137,25 @@ def flex_attention_as_on_cuda(q, k, v, block_mask, kernel_options):
     CPU before reaching it."""
     from torch._higher_order_ops.flex_attention import flex_attention as flex_operator
     return flex_operator(q, k, v, keep_score, block_mask.as_tuple(), q.size(-1) ** -0.5, kernel_options)[0]
+
+
+def attention_kernels(config, device_type):
+    """build's options for the attention kernels a run on device_type takes: on CUDA attn_window and doc_token run in
+    FlashAttention's kernel (GPT.varlen_kernel), windows in blocks in FlexAttention's (unless
+    attention_kernel='masked'), whose stand-ins attention_as_on_cuda gives a trace on the CPU."""
+    on_cuda = device_type == 'cuda'
+    return dict(flash_kernel=on_cuda, flex_kernel=on_cuda and config['attention_kernel'] != 'masked')
+
+
+@contextlib.contextmanager
+def attention_as_on_cuda():
+    """CUDA's attention kernels for a trace under FakeTensorMode on the CPU: their kept tensors, not the masked
+    blocks a CPU computes, and the documents' segments of rows of random tokens (whose count a fake tensor has not)."""
+    with (mock.patch.object(attention_module, 'document_segments', rows_as_documents),
+          mock.patch.object(attention_module, 'position_segments', lambda docs: rows_as_documents(docs, -1)),
+          mock.patch.object(attention_module, 'compiled_flex_attention', lambda: flex_attention_as_on_cuda),
+          mock.patch.object(torch.nn.functional, 'scaled_dot_product_attention', sdpa_as_on_cuda)):
+        yield
 
 
 def autocast(device_type, config):
@@ -242,18 +261,10 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
     tracer = MemoryTracer(alignment)
     record_loss = tracer.traced_loss(gpt2026.softcapped_mtp_loss)  # gpt2026.py's loss, in the loss path as model.py's
     with (sharded_rank(config) as mesh, FakeTensorMode(), tracer, optim.representative_updates_only(),
-          mock.patch.object(attention_module, 'document_segments', rows_as_documents),
-          mock.patch.object(attention_module, 'position_segments', lambda docs: rows_as_documents(docs, -1)),
+          attention_as_on_cuda(),
           mock.patch.object(gpt2026, 'softcapped_mtp_loss', lambda hidden, weight, targets, weights, chunk_rows:
-                            record_loss(hidden, weight, targets, weights=weights, chunk_rows=chunk_rows)),
-          mock.patch.object(attention_module, 'compiled_flex_attention', lambda: flex_attention_as_on_cuda),
-          mock.patch.object(torch.nn.functional, 'scaled_dot_product_attention', attention_as_on_cuda)):
-        # attn_window and doc_token run in FlashAttention's kernel on CUDA (GPT.varlen_kernel), windows in blocks in
-        # FlexAttention's (unless attention_kernel='masked'), which a fake tensor on the CPU traces: their kept
-        # tensors, not the masked blocks a CPU computes
-        on_cuda = device_type == 'cuda'
-        model, optimizer = build(config, 'cpu', device_type, mesh, flash_kernel=on_cuda,
-                                 flex_kernel=on_cuda and config['attention_kernel'] != 'masked',
+                            record_loss(hidden, weight, targets, weights=weights, chunk_rows=chunk_rows))):
+        model, optimizer = build(config, 'cpu', device_type, mesh, **attention_kernels(config, device_type),
                                  loss_fn=tracer.traced_loss(LOSS_FUNCTIONS[loss]))
         tracer.watch(model, local_optimizer(optimizer))
         if config['world_size'] > 1 and config['parallelism'] != 'fsdp':

@@ -26,7 +26,7 @@ def test_gpt2_step_at_batch_12_within_10_percent_of_the_naive_loss():
     """The issue's check: 12 layers, GPT-2's vocabulary, bf16 autocast, forward, backward, clipping and the AdamW
     step at batch 12 x 1024: our loss in a few chunks of the default budget against nanoGPT's full logits."""
     config = gpt2_estimator_config(12, grad_clip=1.0)
-    ours, naive = (count_step(config, loss) for loss in ('chunked', 'naive'))
+    ours, naive = (count_step(config, loss).counts for loss in ('chunked', 'naive'))
     assert sum(ours.values()) <= 1.10 * sum(naive.values())
     assert {part: ours[part] for part in ours if part != 'loss'} == {part: naive[part] for part in naive
                                                                       if part != 'loss'}
@@ -38,7 +38,7 @@ def test_train_steps_bookkeeping_is_no_more_than_nanogpts(tiny, accumulation, gr
     """accumulation, clipping, the optimizer's step and the log line's read of the loss, on the same model and loss:
     train.py's train_step against nanoGPT's loop, which divides each micro-step's loss."""
     config = {**tiny, 'gradient_accumulation_steps': accumulation, 'grad_clip': grad_clip, 'dtype': 'bfloat16'}
-    ours, nanogpt = (count_step(config, 'naive', loop) for loop in ('ours', 'nanogpt'))
+    ours, nanogpt = (count_step(config, 'naive', loop).counts for loop in ('ours', 'nanogpt'))
     assert sum(ours[part] for part in OVERHEAD) <= sum(nanogpt[part] for part in OVERHEAD)
     assert ours['forward'] == nanogpt['forward'] and ours['clipping'] == nanogpt['clipping']
     # a micro-step: nanoGPT's loss / k and backward's seed; ours, the running mean and the seed 1/k
@@ -78,3 +78,34 @@ def test_one_piece_dispatches_fewer_operators_than_one_chunk_and_equals_naive():
     torch.testing.assert_close(loss, expected)
     for got, want in zip(grads, torch.autograd.grad(expected, (h, w))):
         torch.testing.assert_close(got, want)
+
+
+def waits(fn):
+    with OperatorCounter() as counter:
+        fn()
+    return sum(counter.waits.values())
+
+
+def test_counts_as_gpu_waits_the_operators_whose_result_the_cpu_reads():
+    """The values (item, bool) and the sizes that depend on values (nonzero, a boolean mask's indexing, repeats in
+    a tensor): each makes the CPU wait for a GPU. Their forms of known size, none."""
+    x, mask, repeats = torch.arange(4.0), torch.tensor([True, False, True, True]), torch.tensor([1, 2, 0, 1])
+    for wait in (lambda: x.sum().item(), lambda: bool(x.any()), lambda: x.nonzero(), lambda: x[mask],
+                 lambda: x.clone().index_put_((mask,), torch.tensor(0.0)), lambda: x.repeat_interleave(repeats),
+                 lambda: torch.unique(x), lambda: torch.equal(x, x)):
+        assert waits(wait) == 1
+    for no_wait in (lambda: x.sum(), lambda: x.masked_fill(mask, 0.0), lambda: x[torch.tensor([0, 2])],
+                    lambda: x.repeat_interleave(2), lambda: x.repeat_interleave(repeats, output_size=4),
+                    lambda: x.cumsum(0), lambda: x[1:3]):
+        assert waits(no_wait) == 0
+
+
+@pytest.mark.parametrize('preset', ['speedrun_gpt2_12gb', 'speedrun_gpt2_8gb'])
+def test_a_speedrun_step_makes_the_cpu_wait_for_the_gpu_only_at_the_log_line(preset):
+    """The speedrun presets' steps (their FlexAttention's block masks, chunked loss, Muon and Adam, as on CUDA): the
+    CPU runs ahead of the GPU through every micro-step and the optimizer, and waits once, for the logged loss."""
+    import estimate_memory
+    config = {**estimate_memory.load_config([f'config/{preset}.py']), 'gradient_accumulation_steps': 2}
+    counter = count_step(config)
+    assert counter.counts['forward'] > 0 and counter.counts['optimizer'] > 0
+    assert counter.waits == {**dict.fromkeys(counter.waits, 0), 'logging': 1}

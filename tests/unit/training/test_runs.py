@@ -144,7 +144,9 @@ def test_each_model_file_builds_its_model_from_model_args():
     args = runs.record_model_args(RECORD, 64)
     assert isinstance(runs.new_model(args), gpt2026.GPT2026) and runs.model_file(args) == 'gpt2026.py'
     on_cuda = {**RECORD, 'dtype': 'bfloat16'}
-    assert runs.record_options(on_cuda, args, flash_kernel=True)['attend'] is attention.window_document_attention
+    options = runs.record_options(on_cuda, args, flash_kernel=True)
+    assert options['attend'] is attention.window_document_attention
+    assert options['segments'] is attention.position_segments
     for config, flash_kernel in ((on_cuda, None), (on_cuda, False), (RECORD, True),
                                  ({**on_cuda, 'attention_kernel': 'masked'}, True),
                                  ({**on_cuda, 'n_embd': 12, 'n_head': 2}, True)):
