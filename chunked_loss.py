@@ -127,8 +127,18 @@ def _softmax_chunk(logits, targets, row_factors, need_grad, fold_scales, acc_dty
 @functools.cache
 def _compiled_softmax_chunk():
     """_softmax_chunk compiled, one graph for all chunk sizes (the last chunk is shorter; reduction='none' keeps any
-    number of rows). fullgraph: a graph break would split the fused kernel, so it is an error instead."""
-    return torch.compile(_softmax_chunk, dynamic=True, fullgraph=True)
+    number of rows): the rows are a size its kernels take (_dynamic_rows), the vocabulary a constant they are
+    compiled for (their loops over a row unrolled, their loads aligned). fullgraph: a graph break would split the
+    fused kernel, so it is an error instead."""
+    return torch.compile(_softmax_chunk, fullgraph=True)
+
+
+def _dynamic_rows(*tensors):
+    """The (rows, ...) tensors of a compiled chunk, their rows marked as a size the graph takes, not a constant:
+    torch.compile's dynamic=True would make the vocabulary a size too."""
+    for t in tensors:
+        torch._dynamo.maybe_mark_dynamic(t, 0)
+    return tensors
 
 
 def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
@@ -202,9 +212,9 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
             torch.mm(w, h_log, out=written)
         else:
             written.copy_(torch.mm(w, h_log))  # in the buffer's dtype: softmax in fp32, as F.cross_entropy does
-        chunk_losses, row_scales = softmax_chunk(logits, chunks['targets'][k], chunks['factors'][k], need_grad,
-                                                 fold_scales, acc_dtype, softcap, tanh,
-                                                 None if fused else chunks['losses'][k])
+        rows = (logits, chunks['targets'][k], chunks['factors'][k])
+        chunk_losses, row_scales = softmax_chunk(*(_dynamic_rows(*rows) if fused else rows), need_grad, fold_scales,
+                                                 acc_dtype, softcap, tanh, None if fused else chunks['losses'][k])
         if fused:
             chunks['losses'][k].copy_(chunk_losses)
         if not need_grad:

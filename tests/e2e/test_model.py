@@ -133,6 +133,25 @@ def test_compiled_chunk_body_has_no_graph_breaks_and_one_graph_serves_every_chun
             compiled(n, chunk).backward()
 
 
+def test_compiled_chunk_takes_the_rows_as_a_size_and_the_vocabulary_as_a_constant(monkeypatch):
+    """The compiled chunk's graph (one for every chunk size, above) has the rows as a symbol and the vocabulary as
+    the number it is: kernels compiled for a known row length (torch.compile's dynamic=True would make both
+    symbols, and every index in the kernels a division by an unknown)."""
+    graphs, compile = [], torch.compile
+    record = lambda graph, example_inputs: graphs.append(graph) or graph.forward  # the graph dynamo captured, run as is
+    monkeypatch.setattr(torch, 'compile', lambda fn, **options: compile(fn, backend=record, **options))
+    chunked_loss._compiled_softmax_chunk.cache_clear()
+    try:
+        h, w, t = loss_inputs()
+        chunks(h, w, t, 64, fused=True).backward()  # chunks of 64 rows, and the last of 44
+    finally:
+        chunked_loss._compiled_softmax_chunk.cache_clear()  # the next test's compiles with Inductor again
+    (graph,) = graphs
+    inputs = [node.meta['example_value'] for node in graph.graph.nodes if node.op == 'placeholder']
+    rows, vocabulary = [value for value in inputs if isinstance(value, torch.Tensor)][0].shape  # the chunk's logits
+    assert isinstance(rows, torch.SymInt) and type(vocabulary) is int and vocabulary == w.size(0)
+
+
 # FlashAttention's variable-length kernel, which attn_window and doc_token run on an Ampere or later GPU in bf16:
 # compiled, here on the CPU kernels of flash_varlen_on_a_cpu.py; against attention under the mask, eager and compiled,
 # with a window warmup's windows, on a CUDA GPU only (the GPU suite, `-m cuda`: skipped elsewhere)
