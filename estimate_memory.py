@@ -24,8 +24,8 @@ import time
 from training import configurator
 from training import rules, runs
 from training.errors import ConfigError, fail
-from training.memory.estimate import (FRAGMENTATION, GIB, LOSSES, MIB, TRACED_ITERATIONS, check_config, estimate,
-                                      gib)
+from training.memory import estimate, fit
+from training.memory.estimate import FRAGMENTATION, GIB, LOSSES, MIB, TRACED_ITERATIONS, check_config, gib
 
 FITS, DOES_NOT_FIT, BAD_INPUT = 0, 1, 2  # exit statuses (fail() exits 2 for bad input)
 
@@ -186,7 +186,7 @@ def main(argv):
     try:  # stdout holds the report (or --json's object) alone: what else prints (a pretrained config's notes) goes
         with contextlib.redirect_stdout(sys.stderr):  # to stderr with the progress
             config = load_config(argv)
-            result = estimate(config, progress_printer())
+            result = fit.estimate(config, progress_printer())
     except ConfigError as e:
         fail(e)
     print(json.dumps(result, indent=2) if config['json'] else report(config, result))

@@ -229,14 +229,14 @@ if memory_cap_gb: # before anything is allocated, so that nothing is ever reserv
     cap_memory(device, memory_cap_gb)
 phases = PhaseLog(phase_log if master_process else '', device if device_type == 'cuda' else None)
 if auto_batch_size: # the largest micro-batch that estimate_memory.py finds to fit this card, same tokens per step
-    from training.memory.estimate import pick_batch_size # before the process group: its trace makes one of its own
+    from training.memory.fit import pick_batch_size # before the process group: its trace makes one of its own
     batch_size, gradient_accumulation_steps = pick_batch_size(dict(config, world_size=ddp_world_size),
                                                               torch.cuda.mem_get_info(device)[0])
 memory_estimate = None # estimate_memory.py's estimate of the GPU memory, for wandb's run config; none off CUDA
 if wandb_log and master_process and device_type == 'cuda':
     # costs a trace on the CPU before training starts (docs/wandb.md: how long); before the process group, as the
     # trace makes a fake one of its own
-    from training.memory.estimate import run_summary
+    from training.memory.fit import run_summary
     memory_estimate = run_summary(dict(config, batch_size=batch_size, world_size=ddp_world_size,
                                        gradient_accumulation_steps=gradient_accumulation_steps),
                                   torch.cuda.get_device_properties(device).total_memory)

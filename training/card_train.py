@@ -6,7 +6,7 @@ come from torch's cache). Every figure comes from the two runs' phase logs (trai
 evaluation times, compilation, peak memory, and the phase a run that did not end was in. An out-of-memory error under
 the cap is the preset's FAIL at that phase; the card goes on with the next.
 
-While the first run runs, the card's own process estimates the preset (training/memory/estimate.py) on the CPU, for
+While the first run runs, the card's own process estimates the preset (training/memory/fit.py's estimate) on the CPU, for
 the row's estimate beside the measured memory. On a CPU the preset runs at card_measure.TINY's scale, eager, with no
 cap: its figures say that the code works."""
 import collections
@@ -27,7 +27,7 @@ from model import GPT2_VOCAB_SIZE
 from training import phase_log
 from training.card_measure import SPEEDRUN, load_preset, run_child
 from training.errors import first_line
-from training.memory import estimate as em
+from training.memory import estimate as em, fit
 from training.memory.floor import training_floor
 from training.rules import DEFAULT_VOCAB_SIZE
 from training.runs import make_run, new_model
@@ -118,7 +118,7 @@ def run_train(args, log, seconds, name, progress, meanwhile=lambda: None):
 def estimated(config, card):
     """The estimate of `config` on its card: the training peak, the total with its allowances, whether it fits."""
     try:
-        estimate = em.estimate({**em.ESTIMATOR_DEFAULTS, **config, 'world_size': 1, 'gpu_memory_gb': card},
+        estimate = fit.estimate({**em.ESTIMATOR_DEFAULTS, **config, 'world_size': 1, 'gpu_memory_gb': card},
                                warm_start=True)
     except Exception as e: # the row keeps its measurements; it says why it has no estimate
         return dict(estimate_error=f'{type(e).__name__}: {first_line(e)}')

@@ -13,7 +13,7 @@ import pytest
 import estimate_memory
 from helpers import ROOT, check_only_the_naive_loss_holds_the_logits, write_char_dataset
 from training import rules, runs
-from training.memory import estimate as em
+from training.memory import estimate as em, fit
 from training.memory.tracer import MemoryTracer
 
 
@@ -160,7 +160,7 @@ def climb_every_rung(config):
     ladders = []
     budget = em.total_bytes(em.trace(config, evaluate=False)['train']['peak_bytes']) - 1  # below as configured
     while True:
-        steps = em.ladder(config, budget)
+        steps = fit.ladder(config, budget)
         ladders.append((budget, steps))
         if not steps[-1]['fits']:
             return ladders

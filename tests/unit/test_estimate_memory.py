@@ -7,7 +7,7 @@ import torch
 from training import configurator
 import estimate_memory
 from training import rules
-from training.memory import estimate as em
+from training.memory import estimate as em, fit
 
 
 GIB = 2 ** 30
@@ -22,7 +22,7 @@ def test_find_batch_size_cli_returns_a_fitting_batch_whose_double_does_not_fit(t
     tiny = {**tiny, 'n_layer': 1, 'batch_size': 4, 'gradient_accumulation_steps': 32}  # 128 samples of 32 tokens a step
 
     def estimated_total(config, batch_size, checkpointing):  # warm-started, as the search traces (the same peak)
-        config = em.rebatched({**config, 'activation_checkpointing': checkpointing}, batch_size)
+        config = fit.rebatched({**config, 'activation_checkpointing': checkpointing}, batch_size)
         return em.total_bytes(em.trace(config, evaluate=False, warm_start=True)['train']['peak_bytes'])
 
     budget_gb = (estimated_total(tiny, 8, False) + 1) / GIB
@@ -93,12 +93,12 @@ def test_a_config_that_fits_needs_no_ladder(tiny, capsys, monkeypatch):
 def test_headroom_is_left_free_and_shown(tiny):
     """A config whose total fits the card exactly fits with no headroom and not with the default's."""
     tiny = {**tiny, 'n_layer': 1, 'gradient_accumulation_steps': 1}  # the smallest trace: its figures do not matter
-    result = em.estimate({**tiny, 'gpu_headroom_gb': 0.0})
+    result = fit.estimate({**tiny, 'gpu_headroom_gb': 0.0})
     needed = max(result['total_bytes'], result['eval_total_bytes'])
     card_gb = needed / GIB
     exact = {**tiny, 'gpu_memory_gb': card_gb}
-    assert em.estimate({**exact, 'gpu_headroom_gb': 0.0})['fits']
-    leaving = em.estimate(exact)
+    assert fit.estimate({**exact, 'gpu_headroom_gb': 0.0})['fits']
+    leaving = fit.estimate(exact)
     assert not leaving['fits'] and leaving['headroom_bytes'] == int(tiny['gpu_headroom_gb'] * GIB) > 0
     assert ', 0.50 GiB of it left free: --gpu_headroom_gb), ' in estimate_memory.report(exact, leaving)
 
@@ -108,12 +108,12 @@ def test_exit_status_progress_and_json(tiny, capsys, monkeypatch):
     bad input; progress on stderr, so --json's stdout stays one JSON object."""
     tiny = {**tiny, 'n_layer': 1, 'gradient_accumulation_steps': 1}  # the smallest trace: its figures do not matter
     monkeypatch.setattr(estimate_memory, 'estimator_keys', lambda: as_keys(tiny))
-    estimate = estimate_memory.estimate
+    estimate = fit.estimate
 
     def noisy_estimate(*args, **kwargs):  # as a pretrained config prints its dropout note: not into the JSON
         print('overriding dropout rate to 0.0')
         return estimate(*args, **kwargs)
-    monkeypatch.setattr(estimate_memory, 'estimate', noisy_estimate)
+    monkeypatch.setattr(fit, 'estimate', noisy_estimate)
     for argv, status in ((['--gpu_memory_gb=12'], estimate_memory.FITS),
                          (['--gpu_memory_gb=1.1', '--batch_size=4096'], estimate_memory.DOES_NOT_FIT),
                          (['--gpu_memory_gb=1.1', '--eval_batch_size=8192'], estimate_memory.DOES_NOT_FIT),
@@ -134,7 +134,7 @@ def test_exit_status_progress_and_json(tiny, capsys, monkeypatch):
 
 def test_estimate_memory_reports_muon(weighty):
     config = {**weighty, 'optim': 'muon'}
-    text = estimate_memory.report(config, em.estimate(config))
+    text = estimate_memory.report(config, fit.estimate(config))
     assert "Muon for the blocks' matrices, fused AdamW for the rest" in text
 
 
@@ -142,7 +142,7 @@ def test_a_ladder_that_fits_only_without_the_headroom_says_so(tiny):
     """--ladder's last line where no rung fits: when the last rung fits the card's memory at micro-batch 1 but not
     what gpu_headroom_gb leaves of it, it names --gpu_headroom_gb=0; when it fits neither, the other fixes."""
     config = {**tiny, 'n_layer': 1, 'gradient_accumulation_steps': 1, 'gpu_memory_gb': 2.0}
-    result = em.estimate(config)  # 1.5 GiB of the card for the run, 0.5 left free
+    result = fit.estimate(config)  # 1.5 GiB of the card for the run, 0.5 left free
     rung = dict(rung='bf16 weights', cost='', levers={}, fits=False, skipped=None)
     for need_gb, last_line in ((1.65, 'ladder: no rung fits the 1.50 GiB that gpu_headroom_gb leaves, but the last, '
                                       'bf16 weights, needs 1.65 GiB at micro-batch 1: with nothing else on the GPU, '

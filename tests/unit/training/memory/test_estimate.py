@@ -1,5 +1,5 @@
 """training/memory/estimate.py: its breakdown, each lever (parallelism, checkpointing, the autocast cache, resume, the
-optimizers, bf16 weights), the micro-batch search and the ladder. Tiny models, and one block of GPT-2's width and
+optimizers, bf16 weights). Tiny models, and one block of GPT-2's width and
 vocabulary for the loss path (GPT-2 124M itself, and the estimate against the real train.py's peak:
 tests/e2e/test_estimate_memory.py)."""
 import contextlib
@@ -213,28 +213,6 @@ def test_warm_start_where_the_weights_training_state_dominates(weighty, override
     assert (warm['peak_bytes'], warm['breakdown']) == (full['peak_bytes'], full['breakdown'])
 
 
-def test_pick_batch_size_keeps_tokens_per_step_and_fails_clearly(tiny, trace_once):
-    free = em.total_bytes(em.trace(em.rebatched(tiny, 3), evaluate=False, warm_start=True)['train']['peak_bytes'],
-                          cuda_context=False)
-    train_keys = {k: v for k, v in tiny.items() if k not in em.ESTIMATOR_DEFAULTS}  # as train.py passes it
-    # the free memory less gpu_headroom_gb, left to other programs, is the budget
-    headroom = int(tiny['gpu_headroom_gb'] * GIB)
-    assert headroom > 0
-    assert em.pick_batch_size(train_keys, free + headroom) == (3, 3)  # 3 x 3 >= the config's 4 x 2 samples per step
-    assert em.pick_batch_size(train_keys, free + headroom - 1) != (3, 3)
-    with pytest.raises(ConfigError, match='even batch_size=1 needs'):
-        em.pick_batch_size(tiny, 1000)
-
-
-def test_run_summary_gives_the_estimate_in_gib_against_the_card(tiny):
-    train_keys = {k: v for k, v in tiny.items() if k not in em.ESTIMATOR_DEFAULTS}  # as train.py passes it
-    roomy = em.run_summary(train_keys, 80 * GIB)
-    assert roomy['card_gib'] == 80 and roomy['fits']
-    # the traced tensors, then the CUDA context, workspace and fragmentation on top of them
-    assert 0 < roomy['train_peak_gib'] < roomy['total_gib'] and 0 < roomy['eval_total_gib']
-    assert not em.run_summary(train_keys, roomy['total_gib'] * GIB / 2)['fits']
-
-
 def test_autocast_cache_holds_a_copy_of_the_weights_that_off_frees(tiny):
     """autocast's cache keeps the bf16 cast of every weight through the forward; with checkpointing nothing else
     holds them (backward recomputes the block), so with the cache off they are gone at the peak, as in evaluation."""
@@ -247,30 +225,6 @@ def test_autocast_cache_holds_a_copy_of_the_weights_that_off_frees(tiny):
     assert uncached['train']['peak_bytes'] < cached['train']['peak_bytes']  # the peak moves to backward
     # evaluation keeps nothing for backward: off, its peak is the cached one without the copies
     assert uncached['eval']['peak_bytes'] == cached['eval']['peak_bytes'] - cached['eval']['breakdown']['weight_copies']
-
-
-def test_ladder_climbs_to_the_first_rung_that_fits(tiny, trace_once):
-    """A budget between micro-batch 1's total without activation checkpointing and with it: the ladder stops at
-    checkpointing, with the largest micro-batch that fits there and at least the config's samples per step."""
-    tiny = {**tiny, 'n_layer': 2, 'block_size': 256, 'batch_size': 4, 'gradient_accumulation_steps': 2}
-
-    def total(config):
-        return em.total_bytes(em.trace(config, evaluate=False, warm_start=True)['train']['peak_bytes'])
-
-    plain, checkpointed = (total(em.rebatched({**tiny, 'activation_checkpointing': on}, 1)) for on in (False, True))
-    budget = (plain + checkpointed) // 2
-    steps = em.ladder(tiny, budget)
-    # smaller loss chunks change nothing where the loss runs in one piece (a 96-token vocabulary)
-    assert [(step['rung'], step['fits']) for step in steps] == [('as configured', False),
-                                                                 ('smaller loss chunks', False),
-                                                                 ('activation checkpointing', True)]
-    last = steps[-1]
-    assert last['batch_1_total_bytes'] == checkpointed and last['total_bytes'] <= budget
-    assert last['batch_size'] * last['gradient_accumulation_steps'] >= 8
-    assert last['batch_size'] <= last['largest_batch_size']
-    largest = em.rebatched({**tiny, 'activation_checkpointing': True}, last['largest_batch_size'])
-    assert total(largest) <= budget < total(em.rebatched(largest, last['largest_batch_size'] + 1))
-
 
 
 @needs_torchao
