@@ -43,7 +43,7 @@ from chunked_loss import chunk_rows, chunked_cross_entropy, naive_cross_entropy
 from model import GPTConfig
 from training import card, rules
 from training.card_report import markdown as card_markdown
-from training.optim import warm_up
+from training.optimizers import warm_up
 from training.step import Prefetcher, build, build_model, train_step
 from training.device import TORCH_DTYPES, check_device, peak_flops
 from training.errors import ConfigError, fail, first_line, install_handler

@@ -3,7 +3,8 @@
 configurator.py nanoGPT's configurator as a function: config files, --key=value, --help
 rules.py        what train.py accepts and which model a config builds (shared with the memory estimate)
 checkpoint.py   ckpt.pt: atomic saves, one-line errors on load
-optim.py        the optimizers (`optim`), their updates on bf16 weights, the step fused into backward
+optim.py        the `optim` key: what each optimizer needs and refuses, its parameter groups, schedule and build
+optimizers.py   the optimizer classes: AdamW on bf16 moments or weights, 8-bit, Muon, the step fused into backward
 parallel.py     the `parallelism` modes under torchrun, the full-tensor checkpoint, timeouts and the launcher watch
 schedule.py     the learning rate schedule
 step.py         the model and optimizer a config builds, and train.py's training step
@@ -12,7 +13,8 @@ record2026.py   the 24 Jan 2026 record's schedules and optimizer (NorMuon, Adam 
 documents.py    rows that start at documents, as the 24 Jan 2026 record reads FineWeb
 device.py       default device and dtype, their checks, the GPUs' peak FLOPS for MFU
 allocator.py    train.py's CUDA allocator settings, applied before torch's import (train.py, bench.py)
-memory/         the memory tracer, the estimate before launch, the advice after an out-of-memory error
+memory/         the memory tracer, the estimate before launch and what fits a card, the advice after an out-of-memory
+                error
 hellaswag.py    HellaSwag's validation set and its scoring (hellaswag.py, train.py's hellaswag key)
 paths.py        where relative paths point, and the check that out_dir can be written
 errors.py       ConfigError and fail(): one line, exit status 2

@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 import attention as attention_module
 import gpt2026
 from chunked_loss import chunked_cross_entropy, naive_cross_entropy
-from training import optim, rules, runs, step
+from training import optimizers, rules, runs, step
 from training.checkpoint import load_checkpoint
 from training.errors import ConfigError
 from training.memory.tracer import CUDA_ALIGNMENT, MemoryTracer
@@ -79,7 +79,7 @@ def build(config, device='cpu', device_type='cuda', mesh=None, **options):
     options: GPT's constructor keywords (the tracer's loss_fn, flash_kernel)."""
     with contextlib.redirect_stdout(io.StringIO()):
         with unset_fake_temporarily():  # a library's one-off setup on real tensors (torchao's 8-bit code maps)
-            optim.warm_up(config['optim'])
+            optimizers.warm_up(config['optim'])
         args, _ = model_args(config)
         default_dtype = torch.get_default_dtype()
         # made in weight_dtype, so that build's cast to it changes nothing: model.to() would swap the fake
@@ -169,13 +169,13 @@ def train_iterations(model, optimizer, config, batch_size, device_type, warm_sta
     results = None  # train.py's loss and gradient norm of an iteration, referenced until the next one returns
     if warm_start:
         run.start_step(iterations[0])
-        in_backward = isinstance(optimizer, optim.OptimizerInBackward)
+        in_backward = isinstance(optimizer, optimizers.OptimizerInBackward)
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
             # in backward: stepped a parameter at a time, its gradient freed, as backward's hooks do; states made,
             # updates not run, as each update is traced again in backward beside more tensors
             if in_backward:
-                with optim.states_only():
+                with optimizers.states_only():
                     optimizer.step()
                 p.grad = None
         optimizer.step()
@@ -243,7 +243,7 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
              f"{'on' if activation_checkpointing else 'off'}, {runs.optimizer_words(config)}")
     tracer = MemoryTracer(alignment)
     record_loss = tracer.traced_loss(gpt2026.softcapped_mtp_loss)  # gpt2026.py's loss, in the loss path as model.py's
-    with (sharded_rank(config) as mesh, FakeTensorMode(), tracer, optim.representative_updates_only(),
+    with (sharded_rank(config) as mesh, FakeTensorMode(), tracer, optimizers.representative_updates_only(),
           attention_as_on_cuda(),
           mock.patch.object(gpt2026, 'softcapped_mtp_loss', lambda hidden, weight, targets, weights, chunk_rows:
                             record_loss(hidden, weight, targets, weights=weights, chunk_rows=chunk_rows))):

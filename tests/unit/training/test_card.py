@@ -13,7 +13,7 @@ import torch
 
 import flash_varlen_on_a_cpu
 import model as model_lib
-import training.optim
+import training.optimizers
 from helpers import PATCHES
 from training import card, card_checks, card_train
 from training.card_measure import SPEEDRUN, load_preset
@@ -80,7 +80,7 @@ def test_bf16_weights_check_passes_with_stochastic_rounding_and_fails_rounded_to
     assert_passes_away_from_uniform(check, model_args['vocab_size'])
     assert 0 < check['step_difference'] <= card_checks.NOISE_MULTIPLE * check['step_noise']
     assert check['bf16_losses'][-1] < check['bf16_losses'][0] - 0.1 # the steps train: the rounding has updates to lose
-    monkeypatch.setattr(training.optim, '_store_bf16_stochastic', lambda dst, x: dst.copy_(x))
+    monkeypatch.setattr(training.optimizers, '_store_bf16_stochastic', lambda dst, x: dst.copy_(x))
     broken = card_checks.check_bf16_weights(config, model_args, 'cpu', 'cpu')
     assert not broken['passed']
     assert broken['step_difference'] > card_checks.NOISE_MULTIPLE * broken['step_noise']

@@ -11,7 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from conftest import estimator_config
 from helpers import check_only_the_naive_loss_holds_the_logits, gpt2_estimator_config
-from training import optim, record2026
+from training import optim, optimizers, record2026
 from training.checkpoint import save_checkpoint
 from training.errors import ConfigError
 from training.memory import estimate as em
@@ -231,7 +231,7 @@ def test_autocast_cache_holds_a_copy_of_the_weights_that_off_frees(tiny):
 def test_estimator_reflects_each_lever(weighty, monkeypatch):
     # the non-fused steps' temporaries are one chunk's: small chunks keep them small beside this model's state (a
     # quarter of its (1024, 256) matrices: smaller ones take many more ops to trace)
-    monkeypatch.setattr(optim, 'CHUNK_ELEMENTS', 2 ** 16)
+    monkeypatch.setattr(optimizers, 'CHUNK_ELEMENTS', 2 ** 16)
     def traced(**overrides):  # one block: the state's share of the peak is as large, in half the ops
         return em.trace({**weighty, 'n_layer': 1, **overrides}, evaluate=False)['train']
     adamw, bf16, int8 = (traced(optim=name) for name in ('adamw', 'adamw_bf16', 'adamw_8bit'))
@@ -253,8 +253,8 @@ def test_representative_updates_trace_the_peak_of_every_update(monkeypatch, name
     """The first step (which creates the states as it goes) and a second one, updating only the last parameter of
     each shape and its representative chunks, against every parameter and chunk."""
     # chunks of 100 blocks of 256: a short last chunk after 11 full ones, in each matrix; each shape twice
-    monkeypatch.setattr(optim, 'CHUNK_ELEMENTS', 100 * 256)
-    optim.warm_up(name)
+    monkeypatch.setattr(optimizers, 'CHUNK_ELEMENTS', 100 * 256)
+    optimizers.warm_up(name)
 
     def traced_steps(updates):
         tracer = MemoryTracer()
@@ -270,7 +270,7 @@ def test_representative_updates_trace_the_peak_of_every_update(monkeypatch, name
             tracer.reset_peak()
             optimizer.step()
             return first, tracer.phase_result()
-    assert traced_steps(optim.representative_updates_only()) == traced_steps(contextlib.nullcontext())
+    assert traced_steps(optimizers.representative_updates_only()) == traced_steps(contextlib.nullcontext())
 
 
 def test_bf16_weights_halve_weights_and_gradients_in_the_estimate(weighty):
