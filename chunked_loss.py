@@ -128,14 +128,15 @@ def _softmax_chunk(logits, targets, row_factors, need_grad, fold_scales, acc_dty
 def _compiled_softmax_chunk():
     """_softmax_chunk compiled, one graph for all chunk sizes (the last chunk is shorter; reduction='none' keeps any
     number of rows): the rows are a size its kernels take (_dynamic_rows), the vocabulary a constant they are
-    compiled for (their loops over a row unrolled, their loads aligned). fullgraph: a graph break would split the
-    fused kernel, so it is an error instead."""
-    return torch.compile(_softmax_chunk, fullgraph=True)
+    compiled for (their loops over a row unrolled, their loads aligned), whatever vocabularies the process saw
+    before (dynamic=False: no size becomes one by changing). fullgraph: a graph break would split the fused kernel,
+    so it is an error instead."""
+    return torch.compile(_softmax_chunk, dynamic=False, fullgraph=True)
 
 
 def _dynamic_rows(*tensors):
     """The (rows, ...) tensors of a compiled chunk, their rows marked as a size the graph takes, not a constant:
-    torch.compile's dynamic=True would make the vocabulary a size too."""
+    dynamic=True would make the vocabulary a size too."""
     for t in tensors:
         torch._dynamo.maybe_mark_dynamic(t, 0)
     return tensors

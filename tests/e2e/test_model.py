@@ -135,21 +135,26 @@ def test_compiled_chunk_body_has_no_graph_breaks_and_one_graph_serves_every_chun
 
 def test_compiled_chunk_takes_the_rows_as_a_size_and_the_vocabulary_as_a_constant(monkeypatch):
     """The compiled chunk's graph (one for every chunk size, above) has the rows as a symbol and the vocabulary as
-    the number it is: kernels compiled for a known row length (torch.compile's dynamic=True would make both
-    symbols, and every index in the kernels a division by an unknown)."""
+    the number it is, also after another vocabulary's: kernels compiled for a known row length (dynamic=True, or
+    torch.compile's automatic dynamic after a second vocabulary, would make it a symbol, and every index in the
+    kernels a division by an unknown)."""
     graphs, compile = [], torch.compile
     record = lambda graph, example_inputs: graphs.append(graph) or graph.forward  # the graph dynamo captured, run as is
     monkeypatch.setattr(torch, 'compile', lambda fn, **options: compile(fn, backend=record, **options))
     chunked_loss._compiled_softmax_chunk.cache_clear()
+    torch._dynamo.reset()  # the graphs other vocabularies made before in this process: the chunk compiled afresh
+    vocabularies = (300, 257)  # a second vocabulary stays a constant of its own graph: no size by changing
     try:
-        h, w, t = loss_inputs()
-        chunks(h, w, t, 64, fused=True).backward()  # chunks of 64 rows, and the last of 44
+        for v in vocabularies:
+            h, w, t = loss_inputs(v=v)
+            chunks(h, w, t, 64, fused=True).backward()  # chunks of 64 rows, and the last of 44
     finally:
         chunked_loss._compiled_softmax_chunk.cache_clear()  # the next test's compiles with Inductor again
-    (graph,) = graphs
-    inputs = [node.meta['example_value'] for node in graph.graph.nodes if node.op == 'placeholder']
-    rows, vocabulary = [value for value in inputs if isinstance(value, torch.Tensor)][0].shape  # the chunk's logits
-    assert isinstance(rows, torch.SymInt) and type(vocabulary) is int and vocabulary == w.size(0)
+    assert len(graphs) == len(vocabularies)  # one graph a vocabulary, for all its chunk sizes
+    for graph, v in zip(graphs, vocabularies):
+        inputs = [node.meta['example_value'] for node in graph.graph.nodes if node.op == 'placeholder']
+        rows, vocabulary = [value for value in inputs if isinstance(value, torch.Tensor)][0].shape  # the logits
+        assert isinstance(rows, torch.SymInt) and type(vocabulary) is int and vocabulary == v
 
 
 # FlashAttention's variable-length kernel, which attn_window and doc_token run on an Ampere or later GPU in bf16:
