@@ -66,14 +66,14 @@ def bigram_hash(idx, table_size):
     return F.pad(hashed, (1, 0), value=reserved)
 
 
-def yarn(head_dim, windows):
-    """(frequencies (head_dim / 2,) in fp32, softmax scale): the rotary of one head after the long window grew through
+def yarn(head_dim, windows, device=None):
+    """(frequencies (head_dim / 2,) in fp32 on `device`, softmax scale): the rotary of one head after the long window grew through
     `windows` (tokens, the first the run's starting one). Pair i of channels (2i, 2i + 1) turns at frequencies[i]
     radians a position: the first head_dim / 4 pairs at (1/1024)**linspace(0, 1), the others not at all. Each growth
     old -> new slows a pair that turns fewer than 32 times over the old window, by old / new at most (YaRN: positions
     past the old window turn no further than the model has seen) and scales the softmax, 0.1 at first, by
     0.2 ln(new / old) + 1. In fp32 as the record, in the same order of operations."""
-    turning = (1 / 1024) ** torch.linspace(0, 1, steps=head_dim // 4, dtype=torch.float32)
+    turning = (1 / 1024) ** torch.linspace(0, 1, steps=head_dim // 4, dtype=torch.float32, device=device)
     frequencies = torch.cat((turning, turning.new_zeros(head_dim // 4)))
     scale = 0.1
     for old, new in zip(windows, windows[1:]):
@@ -85,8 +85,9 @@ def yarn(head_dim, windows):
 
 
 def rotary_cos_sin(frequencies, positions, dtype):
-    """(cos, sin) of the angles positions * frequencies, computed in fp32 and given in `dtype`."""
-    angles = positions.to(torch.float32)[..., None] * frequencies.to(positions.device)
+    """(cos, sin) of the angles positions * frequencies (on one device: no copy from the CPU, which a GPU would wait
+    for), computed in fp32 and given in `dtype`."""
+    angles = positions.to(torch.float32)[..., None] * frequencies
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
@@ -272,7 +273,7 @@ class GPT2026(nn.Module):
         head h of token t at position 2t + h % 2 (the record's: its tables pair heads 2j and 2j + 1, though its
         layout makes pairs of h and h + H/2)."""
         head_dim = self.config.n_embd // self.config.n_head
-        frequencies, scale = yarn(head_dim, self.rotary_windows)
+        frequencies, scale = yarn(head_dim, self.rotary_windows, device)
         t = torch.arange(T, device=device)
         single = rotary_cos_sin(frequencies, t[:, None], dtype)  # (T, 1, D/2): every head alike
         heads = torch.arange(self.config.n_head, device=device)

@@ -21,20 +21,33 @@ PARTS = ('forward', 'loss', 'backward', 'accumulation', 'clipping', 'optimizer',
 OVERHEAD = PARTS[3:]
 # Operators whose result's size or value the CPU reads from a GPU: the CPU waits there for every kernel before it,
 # then the GPU idles while the CPU launches what follows. train.py's step should have none but the log line's.
+# (Blocking copies between the host and a GPU wait too: waits_for_gpu.)
 GPU_WAITS = frozenset({'_local_scalar_dense', 'nonzero', 'masked_select', 'unique', '_unique', '_unique2',
                        'unique_dim', 'unique_consecutive', 'repeat_interleave', 'equal', 'is_nonzero'})
 
 
-def waits_for_gpu(func, args, kwargs):
-    """Whether aten operator `func` on these arguments makes the CPU wait for a GPU: repeat_interleave does where
-    it must sum its repeats for its output's size (no output_size given), indexing by a boolean mask where it must
-    count the mask's positions (x[mask]; masked_fill is the operator that needs no count)."""
+def waits_for_gpu(func, args, kwargs, gpu='cpu'):
+    """Whether aten operator `func` on these arguments makes the CPU wait for a GPU, whose tensors are those on
+    device type `gpu`: 'cpu' where the CPU's tensors stand for a GPU's (the estimator's fake traces, the CUDA
+    kernels' CPU stand-ins), 'meta' for a run on the meta device, whose tensors stand for a GPU's and the CPU's for
+    the host's. GPU_WAITS read a GPU tensor's value or a size that depends on its values; so do repeat_interleave
+    where it must sum its repeats (no output_size given) and indexing by a boolean mask, which counts the mask's
+    positions (masked_fill needs no count). A copy between the host and the GPU waits unless non_blocking: torch
+    synchronizes the stream after it."""
+    given = {**dict(zip((a.name for a in func._schema.arguments), args)), **(kwargs or {})}
+    if func._opname in ('_to_copy', 'copy_'):
+        source = given['src'] if func._opname == 'copy_' else given['self']
+        target = given['self'].device if func._opname == 'copy_' else torch.device(given.get('device') or
+                                                                                     source.device)
+        between_host_and_gpu = gpu != 'cpu' and {source.device.type, target.type} == {'cpu', gpu}
+        return between_host_and_gpu and not given.get('non_blocking')
+    tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if tensor is None or tensor.device.type != gpu:
+        return False  # a host tensor's value is at hand
     if func._opname in ('index', 'index_put', 'index_put_', '_index_put_impl_'):
-        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in given['indices'])
     if func._opname == 'repeat_interleave':
-        given = {**dict(zip((a.name for a in func._schema.arguments), args)), **(kwargs or {})}
-        return given.get('output_size') is None and isinstance(given.get('repeats', given.get('self')), torch.Tensor) \
-            and func._overloadname != 'self_int'
+        return given.get('output_size') is None and func._overloadname != 'self_int'
     return func._opname in GPU_WAITS
 
 
@@ -43,11 +56,13 @@ class OperatorCounter(TorchDispatchMode):
     the bookkeeping, the model's forward hooks the forward, the autograd node running an op the backward (the loss's
     nodes, by sequence number, the loss). Only aten's operators count: prim ops (a tensor's .device) and the
     profiler's record_function launch nothing; a higher-order operator (FlexAttention's) counts as the one kernel it
-    compiles to. waits: those of GPU_WAITS, by part."""
+    compiles to. waits: those where the CPU waits for a GPU (waits_for_gpu, its tensors on device type `gpu`), by
+    part."""
     supports_higher_order_operators = True
 
-    def __init__(self):
+    def __init__(self, gpu='cpu'):
         super().__init__()
+        self.gpu = gpu
         self.counts = dict.fromkeys(PARTS, 0)
         self.waits = dict.fromkeys(PARTS, 0)
         self.current = 'accumulation'  # what runs outside the model and the named parts: train_step's own ops
@@ -89,7 +104,7 @@ class OperatorCounter(TorchDispatchMode):
         elif func.namespace == 'aten':
             part = self._part()
             self.counts[part] += 1
-            if waits_for_gpu(func, args, kwargs):
+            if waits_for_gpu(func, args, kwargs, self.gpu):
                 self.waits[part] += 1
         return func(*args, **(kwargs or {}))
 

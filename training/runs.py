@@ -163,8 +163,11 @@ class GPT2026Run:
     def forward_args(self, it, training=True):
         if not training:
             return dict(windows=record2026.windows_at(it, final_validation=it >= record2026.NUM_ITERATIONS))
-        # a tensor, as the record's: its values change every step, which a compiled forward takes as inputs
-        weights = torch.tensor(record2026.mtp_weights_at(it), device=self.model.lm_head.weight.device)
+        # a tensor, as the record's: its values change every step, which a compiled forward takes as inputs. Copied
+        # from pinned memory without blocking: a blocking copy to a GPU waits for all the work queued before it
+        device = self.model.lm_head.weight.device
+        weights = torch.tensor(record2026.mtp_weights_at(it), pin_memory=device.type == 'cuda')
+        weights = weights.to(device, non_blocking=True)
         return dict(windows=record2026.windows_at(it), mtp_weights=weights)
 
     def end_step(self, it):

@@ -206,7 +206,7 @@ PIECES_TAKEN_OUT = {
     'backout from layer 8': (lambda model, mp: setattr(model.config, 'backout_layer', 8), None),
     'skip from layer 2': (lambda model, mp: setattr(model.config, 'skip', (2, 6)), None),
     'attention scale 1/sqrt(head)': (
-        lambda model, mp: mp.setattr(gpt2026, 'yarn', lambda d, w, yarn=gpt2026.yarn: (yarn(d, w)[0], d ** -0.5)),
+        lambda model, mp: mp.setattr(gpt2026, 'yarn', lambda d, w, device, yarn=gpt2026.yarn: (yarn(d, w, device)[0], d ** -0.5)),
         None),
     'softcap of before, 30 sigmoid(z / 7.5)': (
         lambda model, mp: (mp.setattr(gpt2026, 'SOFTCAP_SCALE', 30.0), mp.setattr(gpt2026, 'SOFTCAP_SHIFT', 0.0)),

@@ -1,13 +1,18 @@
 """training/opcount.py: the operators a training iteration dispatches, by part, under FakeTensorMode; GPT-2 124M at
 batch 12 x 1024 with the chunked loss within 10% of nanoGPT's full logits, and train.py's bookkeeping no more than
 nanoGPT's loop. Counting GPT-2's step takes a few seconds on a CPU: no memory, no arithmetic."""
+import itertools
+
 import pytest
 import torch
 
 from chunked_loss import chunk_rows, chunked_cross_entropy, one_piece_bytes
 from helpers import gpt2_estimator_config, loss_inputs, tiny_gpt
 from training.opcount import OVERHEAD, OperatorCounter, count_step
-from training.step import Prefetcher, train_step
+from training import runs
+from training.card_measure import load_preset
+from training.memory.estimate import random_batch
+from training.step import Prefetcher, build, train_step
 
 
 def counted(fn):
@@ -80,15 +85,16 @@ def test_one_piece_dispatches_fewer_operators_than_one_chunk_and_equals_naive():
         torch.testing.assert_close(got, want)
 
 
-def waits(fn):
-    with OperatorCounter() as counter:
+def waits(fn, gpu='cpu'):
+    with OperatorCounter(gpu) as counter:
         fn()
     return sum(counter.waits.values())
 
 
 def test_counts_as_gpu_waits_the_operators_whose_result_the_cpu_reads():
     """The values (item, bool) and the sizes that depend on values (nonzero, a boolean mask's indexing, repeats in
-    a tensor): each makes the CPU wait for a GPU. Their forms of known size, none."""
+    a tensor): each makes the CPU wait for a GPU. Their forms of known size, none. A 0-d CPU tensor in a GPU's
+    operator is a number it takes, no copy."""
     x, mask, repeats = torch.arange(4.0), torch.tensor([True, False, True, True]), torch.tensor([1, 2, 0, 1])
     for wait in (lambda: x.sum().item(), lambda: bool(x.any()), lambda: x.nonzero(), lambda: x[mask],
                  lambda: x.clone().index_put_((mask,), torch.tensor(0.0)), lambda: x.repeat_interleave(repeats),
@@ -98,6 +104,14 @@ def test_counts_as_gpu_waits_the_operators_whose_result_the_cpu_reads():
                     lambda: x.repeat_interleave(2), lambda: x.repeat_interleave(repeats, output_size=4),
                     lambda: x.cumsum(0), lambda: x[1:3]):
         assert waits(no_wait) == 0
+    # on the meta device standing for a GPU, the CPU's tensors are the host's: their values are at hand, and a
+    # blocking copy between them and the GPU's waits
+    gpu = torch.zeros(4, device='meta')
+    for wait in (lambda: x.to('meta'), lambda: gpu.clone().copy_(x)):
+        assert waits(wait, 'meta') == 1
+    for no_wait in (lambda: x.to('meta', non_blocking=True), lambda: x.sum().item(), lambda: x.nonzero(),
+                    lambda: gpu * torch.tensor(2.0), lambda: gpu.to(torch.float16)):
+        assert waits(no_wait, 'meta') == 0
 
 
 @pytest.mark.parametrize('preset', ['speedrun_gpt2_12gb', 'speedrun_gpt2_8gb'])
@@ -109,3 +123,26 @@ def test_a_speedrun_step_makes_the_cpu_wait_for_the_gpu_only_at_the_log_line(pre
     counter = count_step(config)
     assert counter.counts['forward'] > 0 and counter.counts['optimizer'] > 0
     assert counter.waits == {**dict.fromkeys(counter.waits, 0), 'logging': 1}
+
+
+@pytest.mark.parametrize('preset', ['speedrun_gpt2_12gb', 'speedrun2026_gpt2_12gb', 'train_gpt2_6gb'])
+def test_an_iteration_on_a_gpu_copies_nothing_from_the_host_and_reads_nothing_back(preset, monkeypatch):
+    """Two of train.py's iterations of the preset at the card's CPU scale, its run's schedule and forward arguments
+    included, on the meta device standing for a GPU (the CPU's tensors for the host's): no blocking copy from the
+    host (a rotary table made on the CPU, the step's MTP weights), no value read back. The optimizer is built as on
+    a CPU (torch's fused AdamW has no meta kernel), and meta has no autocast."""
+    config, _, model_args = load_preset(f'config/{preset}.py', tiny=True)
+    is_autocast_enabled = torch.is_autocast_enabled
+    monkeypatch.setattr(torch, 'is_autocast_enabled', lambda *device: device != ('meta',) and
+                        is_autocast_enabled(*device))
+    model, optimizer = build(config, model_args, 'meta', 'cpu')
+    run = runs.make_run(config, model, optimizer)
+    batches = Prefetcher(random_batch(config['batch_size'], config['block_size'], model_args['vocab_size'], 'meta')
+                         for _ in itertools.count())
+    with OperatorCounter(gpu='meta') as counter:
+        for it in range(2):
+            run.start_step(it)
+            train_step(model, optimizer, batches, run.micro_steps(it), grad_clip=config['grad_clip'],
+                       forward_args=run.forward_args(it), gradient_scale=run.gradient_scale)
+            run.end_step(it)
+    assert sum(counter.counts.values()) > 0 and sum(counter.waits.values()) == 0
