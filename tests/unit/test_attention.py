@@ -12,6 +12,7 @@ import flex_on_a_cpu
 from attention import flex_block_mask, flex_kernel_options, flex_probe, flex_tile_bytes, local_attention_mask
 from helpers import tokens_with_documents
 from model import GPT, GPTConfig
+from training.opcount import OperatorCounter
 
 # the GPUs' shared memory a thread block may use (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 H100, A100, RTX_3060 = 232448, 166912, 101376
@@ -74,6 +75,16 @@ def test_a_window_one_block_short_is_not_the_token_rule():
     short = flex_block_mask(doc, t, window_blocks - 1, block)
     assert not torch.equal(token_mask(short, t), expected)
     assert not torch.equal(short.mask_mod(torch.tensor(0), torch.tensor(0), pos[:, None], pos[None, :]), expected[0])
+
+
+@pytest.mark.parametrize('layout', ['one', 'random'])
+def test_block_mask_is_made_on_the_gpu_without_waiting_for_it(layout):
+    """Each forward's BlockMask, on the meta device standing for a GPU: made there from the documents' ids, no copy
+    from the host and no value read back (a wait of the CPU for the GPU in every micro-step)."""
+    doc = documents(layout, 2, 1000)
+    with OperatorCounter(gpu='meta') as counter:
+        flex_block_mask(None if doc is None else doc.to('meta', non_blocking=True), 1000, 3, 128, 'meta')
+    assert sum(counter.counts.values()) > 0 and sum(counter.waits.values()) == 0
 
 
 def test_full_blocks_are_the_earlier_blocks_of_one_document():
