@@ -67,12 +67,12 @@ def bigram_hash(idx, table_size):
 
 
 def yarn(head_dim, windows, device=None):
-    """(frequencies (head_dim / 2,) in fp32 on `device`, softmax scale): the rotary of one head after the long window grew through
-    `windows` (tokens, the first the run's starting one). Pair i of channels (2i, 2i + 1) turns at frequencies[i]
-    radians a position: the first head_dim / 4 pairs at (1/1024)**linspace(0, 1), the others not at all. Each growth
-    old -> new slows a pair that turns fewer than 32 times over the old window, by old / new at most (YaRN: positions
-    past the old window turn no further than the model has seen) and scales the softmax, 0.1 at first, by
-    0.2 ln(new / old) + 1. In fp32 as the record, in the same order of operations."""
+    """(frequencies (head_dim / 2,) in fp32 on `device`, softmax scale): the rotary of one head after the long window
+    grew through `windows` (tokens, the first the run's starting one). Pair i of channels (2i, 2i + 1) turns at
+    frequencies[i] radians a position: the first head_dim / 4 pairs at (1/1024)**linspace(0, 1), the others not at
+    all. Each growth old -> new slows a pair that turns fewer than 32 times over the old window, by old / new at most
+    (YaRN: positions past the old window turn no further than the model has seen) and scales the softmax, 0.1 at
+    first, by 0.2 ln(new / old) + 1. In fp32 as the record, in the same order of operations."""
     turning = (1 / 1024) ** torch.linspace(0, 1, steps=head_dim // 4, dtype=torch.float32, device=device)
     frequencies = torch.cat((turning, turning.new_zeros(head_dim // 4)))
     scale = 0.1
@@ -285,10 +285,12 @@ class GPT2026(nn.Module):
         windows: (short, long) in tokens (None: the config's). With targets: (None, loss), the loss of each position
         t being sum_k mtp_weights[k] * cross-entropy of its prediction of targets[:, t + k] (within the row), summed
         over positions (reduction 'sum', the record's training loss) or divided by B * T ('mean'; the record's
-        validation: mtp_weights (1,)). Without targets: (capped logits of the last position (B, 1, vocab), None)."""
+        validation: mtp_weights (1,)); reduction 'none': (B, T), each position's loss of the next token, 0 where the
+        target is -1 (HellaSwag's scores), without gradients. Without targets: (capped logits of the last position
+        (B, 1, vocab), None)."""
         config = self.config
-        if reduction not in ('sum', 'mean'):
-            raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+        if reduction not in ('sum', 'mean', 'none'):
+            raise ValueError(f"reduction must be 'sum', 'mean' or 'none', got {reduction!r}")
         B, T = idx.size()
         windows = (config.short_window, config.long_window) if windows is None else windows
         docs = self.documents(idx)
@@ -316,6 +318,13 @@ class GPT2026(nn.Module):
         if targets is None:
             logits = self.lm_head(x[:, [-1]])
             return softcap(logits.to(torch.promote_types(logits.dtype, torch.float32))), None
+        if reduction == 'none':
+            if x.requires_grad:
+                raise RuntimeError("reduction='none' has no gradients: call the model under torch.no_grad()")
+            scored = (targets != -1).view(-1, 1)
+            losses = loss_and_gradients(x.view(B * T, -1), self.lm_head.weight, targets.clamp(min=0).view(-1, 1),
+                                        scored, self.loss_chunk_rows, need_grad=False, per_row=True)[0]
+            return None, losses.view(B, T)
         loss = softcapped_mtp_loss(x.view(B * T, -1), self.lm_head.weight, *multi_token_targets(targets, mtp_weights),
                                    self.loss_chunk_rows)
         return None, loss if reduction == 'sum' else loss / (B * T)
@@ -379,13 +388,15 @@ class MultiTokenLoss(torch.autograd.Function):
                 None, None, None)
 
 
-def loss_and_gradients(hidden, weight, targets, weights, chunk_rows, need_grad):
-    """(loss, d loss / d hidden, d loss / d weight) of softcapped_mtp_loss; the gradients None without need_grad.
+def loss_and_gradients(hidden, weight, targets, weights, chunk_rows, need_grad, per_row=False):
+    """(loss, d loss / d hidden, d loss / d weight) of softcapped_mtp_loss; the gradients None without need_grad;
+    per_row: the (N,) loss of each row in place of their sum.
     Each chunk's logits come from the matmul in its dtype (autocast's, or the inputs'), the softcap and softmax run in
     fp32 (fp64 for fp64 inputs), and the weight's gradient accumulates there. Per row, with z the capped logits and
     S the sum of its weights: d loss / d z = S softmax(z) - sum_k weights[k] onehot(targets[k])."""
     accumulate = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     loss = torch.zeros((), dtype=accumulate, device=hidden.device)
+    row_losses = torch.empty(hidden.size(0), dtype=accumulate, device=hidden.device) if per_row else None
     grad_hidden = torch.empty_like(hidden, dtype=accumulate) if need_grad else None
     grad_weight = torch.zeros(weight.shape, dtype=accumulate, device=weight.device) if need_grad else None
     weights = weights.to(accumulate)
@@ -397,11 +408,15 @@ def loss_and_gradients(hidden, weight, targets, weights, chunk_rows, need_grad):
         sigmoid = logits.to(accumulate).add_(SOFTCAP_SHIFT).div_(SOFTCAP_WIDTH).sigmoid_()
         capped = sigmoid * SOFTCAP_SCALE
         lse = capped.logsumexp(dim=1, keepdim=True)
-        loss += (w * (lse - capped.gather(1, t))).sum()
+        terms = w * (lse - capped.gather(1, t))
+        if per_row:
+            row_losses[rows] = terms.sum(1)
+        else:
+            loss += terms.sum()
         if need_grad:
             grad = capped.sub_(lse).exp_().mul_(w.sum(1, keepdim=True)).scatter_add_(1, t, -w)
             grad.mul_(sigmoid.addcmul_(sigmoid, sigmoid, value=-1)).mul_(SOFTCAP_SCALE / SOFTCAP_WIDTH)
             grad = grad.to(matmul_dtype)
             grad_hidden[rows] = grad @ weight.to(matmul_dtype)
             grad_weight += (grad.T @ h.to(matmul_dtype)).to(accumulate)
-    return loss, grad_hidden, grad_weight
+    return row_losses if per_row else loss, grad_hidden, grad_weight

@@ -13,13 +13,13 @@ from contextlib import nullcontext
 import torch
 
 from training import configurator
-from model import GPT, GPT2_VOCAB_SIZE
+from model import GPT2_VOCAB_SIZE
 from training.checkpoint import LOAD_CHOICES, load_model
 from training.data import get_encoding
 from training.device import DTYPES, TORCH_DTYPES, check_device, default_device, default_dtype
 from training.errors import fail, install_handler
 from training.hf import pretrained_config
-from training.hellaswag import cached_val_file, evaluate, read_examples, report_cut_contexts
+from training.hellaswag import cached_val_file, context_limit, evaluate, read_examples, report_cut_contexts
 
 install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
 
@@ -55,9 +55,6 @@ ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=de
 
 # model: from a checkpoint in out_dir, or OpenAI's GPT-2 weights, as sample.py loads them
 model, _ = load_model(init_from, out_dir, device)
-if not isinstance(model, GPT): # gpt2026.py's GPT2026: its loss is summed or averaged, never per token
-    fail(f"hellaswag.py scores model.py's GPT by its per-token losses; {out_dir}'s checkpoint holds a "
-         f"{type(model).__name__}, whose loss gives none")
 if model.config.vocab_size < GPT2_VOCAB_SIZE:
     fail(f"the model's vocab_size is {model.config.vocab_size}: HellaSwag is scored with GPT-2's BPE "
          f"({GPT2_VOCAB_SIZE} tokens), so it needs a model trained on GPT-2 tokens, not on characters")
@@ -65,7 +62,7 @@ if compile:
     model = torch.compile(model) # requires PyTorch 2.0 (optional)
 
 enc = get_encoding('gpt2')
-report_cut_contexts(examples, enc, model.config.block_size)
+report_cut_contexts(examples, enc, context_limit(model))
 result = evaluate(model, examples, enc, device, ctx, batch_size, progress=True)
 n = result['n']
 print(f"hellaswag: {n} examples, acc {result['acc']:.4f} ({result['correct']}/{n}), "

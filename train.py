@@ -49,7 +49,7 @@ from training.data import get_encoding, sequential_offsets
 from training.device import (TORCH_DTYPES, cap_memory, check_device, default_backend, default_compile,
                              default_device, default_dtype, peak_flops)
 from training.errors import INTERRUPTED_STATUS, fail, first_line, install_handler, on_error
-from training.hellaswag import cached_val_file, evaluate, read_examples, report_cut_contexts
+from training.hellaswag import cached_val_file, context_limit, evaluate, read_examples, report_cut_contexts
 from training.memory.advice import cuda_memory_stats, oom_advice
 from training.memory.floor import check_floor, training_floor
 from training.paths import check_writable_dir
@@ -336,13 +336,13 @@ if hellaswag: # its data and tokenizer before the weights: a missing file fails 
         dist.barrier()
     hellaswag_set = read_examples(cached_val_file(hellaswag_dir), hellaswag_examples)
     enc = get_encoding('gpt2')
-    if master_process: # once a run, not at each evaluation
-        report_cut_contexts(hellaswag_set, enc, model_args['block_size'])
 
 # the model and its optimizer (training/step.py): the one build that the memory estimator and the benchmarks run too
 model, optimizer = build(config, model_args, device, device_type, checkpoint, sharded=ddp)
 torch.manual_seed(seed + seed_offset) # then each rank its own dropout
 raw_model = model # the plain (or fully_shard-ed) module: saved, and asked for MFU, without DDP's and compile's wrappers
+if hellaswag and master_process: # once a run, not at each evaluation
+    report_cut_contexts(hellaswag_set, enc, context_limit(raw_model))
 # the model file's iteration: its schedules, forward's arguments and micro-steps (training/runs.py)
 run = make_run(config, raw_model, optimizer)
 # gpt2026.py's training rows start at documents (training/documents.py); model.py's are windows (None)

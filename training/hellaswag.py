@@ -73,9 +73,16 @@ def read_examples(path, max_examples=0):
     return examples
 
 
+def context_limit(model):
+    """The rows `model` reads at most: model.py's GPT its block_size; None for gpt2026.py's GPT2026, which has none
+    (its windows bound what a position sees), so no context is cut."""
+    return getattr(model.config, 'block_size', None)
+
+
 def render(example, enc, block_size):
     """(context tokens, [tokens of each ending]). When context and ending exceed the model's block_size + 1 tokens
-    (the last token is only a target), the context loses its oldest tokens, the same for every ending."""
+    (the last token is only a target), the context loses its oldest tokens, the same for every ending (None: no
+    limit)."""
     return fit(*encode(example, enc), block_size)
 
 
@@ -86,6 +93,8 @@ def encode(example, enc):
 
 def fit(ctx_tokens, ending_tokens, block_size):
     """render's cut: the context's newest tokens that fit before the longest ending in block_size + 1 tokens."""
+    if block_size is None:
+        return ctx_tokens, ending_tokens
     room = block_size + 1 - max(len(tokens) for tokens in ending_tokens)
     if room < 1:
         raise HellaSwagError(f"an ending of {block_size + 1 - room} tokens leaves no room for its context in the "
@@ -95,7 +104,8 @@ def fit(ctx_tokens, ending_tokens, block_size):
 
 def report_cut_contexts(examples, enc, block_size):
     """Print, when render cuts any of `examples` to fit block_size, how many: a score on cut contexts is not
-    comparable with one on whole contexts (GPT-2's reference scores). Once a run, before the first evaluation."""
+    comparable with one on whole contexts (GPT-2's reference scores). Once a run, before the first evaluation; with
+    no block_size (None), none is cut."""
     cut = 0
     for example in examples:
         ctx_tokens, ending_tokens = encode(example, enc)
@@ -143,7 +153,7 @@ def evaluate(model, examples, enc, device, ctx=nullcontext(), batch_size=8, rank
     """HellaSwag accuracies of `model` (the raw GPT or its compiled wrapper, never DDP's) on this rank's share of
     `examples`: dict(acc, acc_norm, n, correct, correct_norm); over ranks, all-reduce the counts and divide."""
     share, counted = rank_share(examples, rank, world_size)
-    rendered = [render(example, enc, model.config.block_size) for example in share]  # its errors come before eval()
+    rendered = [render(example, enc, context_limit(model)) for example in share]  # its errors come before eval()
     was_training = model.training
     model.eval()
     correct = correct_norm = 0

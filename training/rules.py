@@ -128,8 +128,6 @@ def check_record_2026(config, world_size):
                                                 f"--max_iters={NUM_ITERATIONS} or less"),
         (config['init_from'] in ('scratch', 'resume'), f"init_from={config['init_from']!r} loads GPT-2 weights, a "
                                                        f"model of model.py, not of {record}: use --init_from=scratch"),
-        (not config['hellaswag'], f"hellaswag=True scores per-token losses, which the loss of {record} does not "
-                                  f"give: use --hellaswag=False"),
         (config['attention_kernel'] != 'flex', f"attention_kernel='flex' runs windows in blocks, those of {record} "
                                                f"are by position: use --attention_kernel=auto")]
     for fits, message in checks:

@@ -2,14 +2,18 @@
 training), scaled down on a CPU: the record's 11 layers 32 wide, rows of 32 characters, a document at each newline.
 It trains, evaluates and checkpoints; a resume repeats the uninterrupted run from a checkpoint taken after an even
 iteration (Adam's gradients, kept for its next step, saved with it) and across the record's batch growth and split;
-sample.py samples from its checkpoint; export_hf.py and hellaswag.py refuse it in one line."""
+sample.py samples from its checkpoint; export_hf.py refuses it in one line, and train.py scores it on HellaSwag.
+"""
 import json
 
+import numpy as np
 import torch
 
-from helpers import ROOT, load, logged_losses, run_script, write_char_dataset
-from training import record2026
+from helpers import EOT, HELLASWAG_EXAMPLES, ROOT, load, logged_losses, patched_env, run_script, tiny_encoding
+from helpers import write_char_dataset, write_jsonl
+from training import record2026, runs
 from training.checkpoint import save_checkpoint
+from training.hellaswag import evaluate
 
 SCALED_DOWN = [str(ROOT / 'config' / 'speedrun2026_gpt2_12gb.py'), '--dataset=tiny_char', '--n_head=2', '--n_embd=32',
                '--block_size=32', '--batch_size=2', '--gradient_accumulation_steps=2', '--eval_batch_size=2',
@@ -30,7 +34,7 @@ def same_weights(a, b):
 def test_the_record_trains_evaluates_checkpoints_and_resumes_exactly(tmp_path):
     """Iterations 0 to 6, evaluated at 0, 3 and 6: the validation loss falls; stopped at 3 and resumed, the same
     losses and weights. The checkpoint at 3 holds the gradients of Adam's parameters from iteration 2. sample.py
-    samples from it; export_hf.py and hellaswag.py refuse it in one line."""
+    samples from it; export_hf.py refuses it in one line, hellaswag.py for its characters (not GPT-2's tokens)."""
     data = tmp_path / 'data'
     write_char_dataset(data)
     whole = train(data, tmp_path / 'whole', '--max_iters=6', '--eval_interval=3')
@@ -54,7 +58,33 @@ def test_the_record_trains_evaluates_checkpoints_and_resumes_exactly(tmp_path):
     (tmp_path / 'hellaswag.jsonl').write_text(json.dumps(dict(ctx='The cat', endings=['a', 'b', 'c', 'd'], label=0)))
     scored = run_script('hellaswag.py', f'--out_dir={tmp_path / "split"}', '--device=cpu', '--dtype=float32',
                         f'--data_path={tmp_path / "hellaswag.jsonl"}')
-    assert scored.returncode == 2 and scored.stderr.strip().endswith('holds a GPT2026, whose loss gives none')
+    assert scored.returncode == 2 and "vocab_size is" in scored.stderr and "GPT-2's BPE" in scored.stderr
+
+
+def test_train_py_scores_the_record_on_hellaswag(tmp_path):
+    """--hellaswag=True on GPT-2 tokens (the tiny encoding for GPT-2's BPE, documents ended by <|endoftext|>): a
+    score at each evaluation, the one at 2 that of the checkpoint then, by the model's per-token losses."""
+    data = tmp_path / 'data'
+    for folder in ('bpe', 'hellaswag'):
+        (data / folder).mkdir(parents=True)
+    documents = [tiny_encoding().encode_ordinary(example['ctx']) + [EOT] for example in HELLASWAG_EXAMPLES] * 20
+    ids = np.array([token for document in documents for token in document], dtype=np.uint16)
+    ids.tofile(data / 'bpe' / 'train.bin')
+    ids.tofile(data / 'bpe' / 'val.bin')
+    write_jsonl(data / 'hellaswag' / 'hellaswag_val.jsonl', HELLASWAG_EXAMPLES)
+    result = run_script('train.py', *SCALED_DOWN, '--dataset=bpe', f'--doc_token={EOT}', f'--data_dir={data}',
+                        f'--out_dir={tmp_path / "out"}', '--hellaswag=True', '--max_iters=2', '--eval_interval=2',
+                        env=patched_env('tiny_bpe'))
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith('hellaswag ')]
+    assert [line.split(':')[0] for line in lines] == ['hellaswag 0', 'hellaswag 2']
+    assert 'longer than block_size' not in result.stdout  # no block size: no context cut
+    checkpoint = load(tmp_path / 'out')
+    model = runs.new_model(checkpoint['model_args'])
+    model.load_state_dict(checkpoint['model'])
+    expected = evaluate(model, [dict(e) for e in HELLASWAG_EXAMPLES], tiny_encoding(), 'cpu')
+    assert lines[1] == (f"hellaswag 2: acc {expected['acc']:.4f}, acc_norm {expected['acc_norm']:.4f} "
+                        f"({len(HELLASWAG_EXAMPLES)} examples)")
 
 
 def test_resume_across_the_batch_growth_and_the_split_repeats_the_run(tmp_path):

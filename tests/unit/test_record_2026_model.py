@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import attention
 import flash_varlen_on_a_cpu
@@ -206,7 +207,8 @@ PIECES_TAKEN_OUT = {
     'backout from layer 8': (lambda model, mp: setattr(model.config, 'backout_layer', 8), None),
     'skip from layer 2': (lambda model, mp: setattr(model.config, 'skip', (2, 6)), None),
     'attention scale 1/sqrt(head)': (
-        lambda model, mp: mp.setattr(gpt2026, 'yarn', lambda d, w, device, yarn=gpt2026.yarn: (yarn(d, w, device)[0], d ** -0.5)),
+        lambda model, mp: mp.setattr(gpt2026, 'yarn', lambda d, w, device, yarn=gpt2026.yarn:
+                                     (yarn(d, w, device)[0], d ** -0.5)),
         None),
     'softcap of before, 30 sigmoid(z / 7.5)': (
         lambda model, mp: (mp.setattr(gpt2026, 'SOFTCAP_SCALE', 30.0), mp.setattr(gpt2026, 'SOFTCAP_SHIFT', 0.0)),
@@ -373,6 +375,26 @@ def test_the_model_on_flashattentions_varlen_kernel_has_the_masked_attentions_lo
     assert sum(operators.waits.values()) == 2
     assert relative_error(kernel_loss, loss) < TOLERANCE and grads.keys() == kernel_grads.keys()
     assert all(relative_error(kernel_grads[n], grads[n]) < TOLERANCE for n in grads if grads[n].abs().max() > 0)
+
+
+def test_per_position_losses_add_up_to_the_loss_and_skip_targets_of_minus_one():
+    """reduction='none' (HellaSwag's scores): (B, T), each position's next-token loss, summing to the 'sum' loss of
+    the next token alone; a target of -1 scores 0 and leaves the other positions as they were; no gradients."""
+    stage = STAGES['final validation at 1600: the long window 20 without YaRN']
+    model, (x, y) = port_model(stage), tokens()
+    windows = tuple(w * CFG.block_size for w in stage.windows)
+    with torch.no_grad():
+        losses = model(x, y, windows=windows, reduction='none')[1]
+        assert losses.shape == x.shape and relative_error(losses.sum(), model(x, y, windows=windows,
+                                                                               reduction='sum')[1]) < TOLERANCE
+        some = y.clone()
+        some[:, ::3] = -1
+        kept = model(x, some, windows=windows, reduction='none')[1]
+        last = F.cross_entropy(model(x, windows=windows)[0][:, -1], y[:, -1], reduction='none')
+    assert (kept[:, ::3] == 0).all() and torch.equal(kept[:, 1::3], losses[:, 1::3])
+    assert relative_error(losses[:, -1], last) < TOLERANCE  # the capped logits' cross-entropy
+    with pytest.raises(RuntimeError, match="reduction='none' has no gradients"):
+        model(x, y, windows=windows, reduction='none')
 
 
 def test_sampling_draws_each_token_from_the_last_positions_capped_logits():

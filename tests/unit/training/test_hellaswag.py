@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from helpers import tiny_encoding, tiny_gpt
 from helpers import HELLASWAG_EXAMPLES as EXAMPLES, write_jsonl
+import gpt2026
 from model import GPT, GPTConfig
 from training import hellaswag
 from training.errors import ConfigError
@@ -66,6 +67,35 @@ def test_batched_scores_match_full_logits_reference(tmp_path, block_size):
         result = evaluate(model, examples, enc, 'cpu', batch_size=batch_size)
         assert result == dict(acc=expected_correct / 7, acc_norm=expected_correct_norm / 7, n=7,
                               correct=expected_correct, correct_norm=expected_correct_norm)
+
+
+def test_gpt2026_is_scored_by_its_capped_logits_and_no_context_is_cut(tmp_path):
+    """gpt2026.py's GPT2026 has no block size (its windows bound what a position sees): no context is cut, and each
+    ending's summed loss, from the per-position losses of the padded batch, is the cross-entropy of the capped
+    logits the model gives for each of its tokens, one prefix at a time."""
+    enc = tiny_encoding()
+    config = gpt2026.GPT2026Config(vocab_size=320, bigram_vocab_size=5 * 320, n_head=2, n_embd=32)
+    model = gpt2026.GPT2026(config, loss_chunk_rows=7).double().eval()
+    with torch.no_grad():  # far from the record's zeros, so that the endings' losses differ
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    examples = read_examples(write_jsonl(tmp_path / 'val.jsonl', EXAMPLES))
+    rendered = [render(example, enc, hellaswag.context_limit(model)) for example in examples]
+    assert [ctx for ctx, _ in rendered] == [enc.encode(example['ctx']) for example in examples]
+    sums, counts = ending_losses(model, rendered, 'cpu')
+
+    def prefix_by_prefix(ctx, ending):  # the capped logits of the last position of each prefix (generate's)
+        tokens = torch.tensor([ctx + ending])
+        return sum(F.cross_entropy(model(tokens[:, :t])[0][0, -1], tokens[0, t])
+                   for t in range(len(ctx), tokens.size(1)))
+    with torch.no_grad():
+        expected = torch.stack([torch.stack([prefix_by_prefix(ctx, ending) for ending in endings])
+                                for ctx, endings in rendered])
+    torch.testing.assert_close(sums, expected, rtol=1e-9, atol=1e-9)
+    assert counts.tolist() == [[len(ending) for ending in endings] for _, endings in rendered]
+    result = evaluate(model, examples, enc, 'cpu', batch_size=3)
+    assert result['n'] == 7 and result['correct'] == (sums.argmin(1) == torch.tensor([e['label'] for e in examples])
+                                                      ).sum().item()
 
 
 def rigged_gpt(next_token_logits):

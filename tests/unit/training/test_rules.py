@@ -219,7 +219,6 @@ def record(config):
     ({'dtype': 'float16'}, "dtype='float16': its GradScaler would unscale twice"),
     ({'max_iters': 1601}, "max_iters=1601 runs past the 1600 steps of the record's schedules"),
     ({'init_from': 'gpt2'}, "init_from='gpt2' loads GPT-2 weights"),
-    ({'hellaswag': True}, 'hellaswag=True scores per-token losses'),
     ({'model_file': 'gpt2027.py'}, "unknown model_file 'gpt2027.py': use one of 'model.py', 'gpt2026.py'"),
 ])
 def test_a_record_run_refuses_what_its_model_and_training_cannot_take(record, overrides, message):
