@@ -6,8 +6,8 @@ Its parts, each in child processes of its own (this process allocates nothing on
 as a train.py run would), in this order:
 1. the checks (training/card_checks.py's CHECKS, each a result of its own), on the speedrun preset's model;
 2. each card preset (config/*_<N>gb.py): train.py itself, held to the card it names (training/card_train.py); the
-   speedrun preset first, then the other 12 GB presets, then the rest, each group from the smallest model up
-   (card_train.preset_paths);
+   speedrun preset first, then the others that train from scratch, then the finetunes, each group the 12 GB ones
+   first, then from the smallest model up (card_train.preset_paths);
 3. nanoGPT's path (training/card_measure.py): config/train_gpt2.py's model with our loss and with the full logits;
 4. the profile (training/card_profile.py): the speedrun preset's step and nanoGPT's compiled step.
 

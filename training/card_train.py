@@ -43,15 +43,17 @@ def card_gib(path):
 
 
 def preset_paths(config_dir='config'):
-    """The card presets, config/*_<N>gb.py, in the card's order: the speedrun preset, the other 12 GB presets, then
-    the rest; each group from the least memory up (training_floor: weights, gradients and block inputs, a model's
-    size), so that a short run covers the most presets, and of two alike the larger card's first (fewer memory
-    levers: a quicker run)."""
+    """The card presets, config/*_<N>gb.py, in the card's order: the speedrun preset, the other presets that train
+    from scratch, then the finetunes (a pretrained GPT-2's shape, up to xl: the longest to compile and step); each
+    group the 12 GB ones first, then from the least memory up (training_floor: weights, gradients and block inputs,
+    a model's size), so that a short run covers the most presets, and of two alike the larger card's first (fewer
+    memory levers: a quicker run)."""
     paths = [p for p in glob.glob(os.path.join(config_dir, '*gb.py')) if PRESET_PATTERN.search(p)]
 
     def order(path):
-        config, _, model_args = load_preset(path, tiny=False)
-        return (os.path.basename(path) != SPEEDRUN, card_gib(path) != 12,
+        config, overrides, model_args = load_preset(path, tiny=False)
+        pretrained = 'n_layer' in overrides  # the card runs a finetune from scratch, the pretrained model's shape given
+        return (os.path.basename(path) != SPEEDRUN, pretrained, card_gib(path) != 12,
                 sum(training_floor(config, model_args).values()), -card_gib(path), os.path.basename(path))
     return sorted(paths, key=order)
 
