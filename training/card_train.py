@@ -6,9 +6,9 @@ come from torch's cache). Every figure comes from the two runs' phase logs (trai
 evaluation times, compilation, peak memory, and the phase a run that did not end was in. An out-of-memory error under
 the cap is the preset's FAIL at that phase; the card goes on with the next.
 
-While the first run runs, the card's own process estimates the preset (training/memory/fit.py's estimate) on the CPU, for
-the row's estimate beside the measured memory. On a CPU the preset runs at card_measure.TINY's scale, eager, with no
-cap: its figures say that the code works."""
+While the first run runs, the card's own process estimates the preset (training/memory/fit.py's estimate) on the
+CPU, for the row's estimate beside the measured memory. On a CPU the preset runs at card_measure.TINY's scale,
+eager, with no cap: its figures say that the code works."""
 import collections
 import glob
 import math

@@ -2,7 +2,8 @@
 kernel launches, roughly one an operator, so this count is what the loss's chunks and train.py's bookkeeping cost in
 launches. Counted under FakeTensorMode (shapes, no memory, no arithmetic: GPT-2 at batch 12 x 1024 in seconds on a
 CPU), for train.py's step (training/step.py) with our loss or nanoGPT's, and for nanoGPT's own loop, so bench.py
---count_ops and the tests compare them on the same model and config.
+--count_ops and the tests compare them on the same model and config. Counted too: the operators at which the CPU
+would wait for the GPU (waits_for_gpu), which leave the GPU idle while the CPU launches what follows.
 """
 import contextlib
 import itertools
@@ -156,8 +157,9 @@ STEPS = {'ours': ours_step, 'nanogpt': nanogpt_step}
 
 
 def count_step(config, loss='chunked', loop='ours', device_type='cuda'):
-    """The OperatorCounter (its counts and waits, {part: aten operators}) of one training iteration of `config` (estimate_memory.py's keys) with `loss` ('chunked'
-    or 'naive') in `loop` ('ours': train.py's train_step; 'nanogpt': nanoGPT's loop), counted after a first
+    """The OperatorCounter (its counts and waits, {part: aten operators}) of one training iteration of `config`
+    (estimate_memory.py's keys) with `loss` ('chunked' or 'naive') in `loop` ('ours': train.py's train_step;
+    'nanogpt': nanoGPT's loop), counted after a first
     iteration has made the optimizer's state, under FakeTensorMode with train.py's model and the optimizer it builds
     on `device_type` (fused AdamW on CUDA), its attention kernels and autocast as the estimator traces them."""
     with FakeTensorMode(), estimate.attention_as_on_cuda():
