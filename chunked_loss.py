@@ -135,11 +135,10 @@ def _compiled_softmax_chunk():
 
 
 def _dynamic_rows(*tensors):
-    """The (rows, ...) tensors of a compiled chunk, their rows marked as a size the graph takes, not a constant:
+    """Mark the rows of a compiled chunk's (rows, ...) tensors as a size the graph takes, not a constant:
     dynamic=True would make the vocabulary a size too."""
     for t in tensors:
         torch._dynamo.maybe_mark_dynamic(t, 0)
-    return tensors
 
 
 def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
@@ -214,8 +213,10 @@ def _chunked_loss_and_grads(hidden, weight, targets, ignore_index, chunk_size, c
         else:
             written.copy_(torch.mm(w, h_log))  # in the buffer's dtype: softmax in fp32, as F.cross_entropy does
         rows = (logits, chunks['targets'][k], chunks['factors'][k])
-        chunk_losses, row_scales = softmax_chunk(*(_dynamic_rows(*rows) if fused else rows), need_grad, fold_scales,
-                                                 acc_dtype, softcap, tanh, None if fused else chunks['losses'][k])
+        if fused:
+            _dynamic_rows(*rows)
+        chunk_losses, row_scales = softmax_chunk(*rows, need_grad, fold_scales, acc_dtype, softcap, tanh,
+                                                 None if fused else chunks['losses'][k])
         if fused:
             chunks['losses'][k].copy_(chunk_losses)
         if not need_grad:

@@ -24,7 +24,10 @@ OVERHEAD = PARTS[3:]
 # then the GPU idles while the CPU launches what follows. train.py's step should have none but the log line's.
 # (Blocking copies between the host and a GPU wait too: waits_for_gpu.)
 GPU_WAITS = frozenset({'_local_scalar_dense', 'nonzero', 'masked_select', 'unique', '_unique', '_unique2',
-                       'unique_dim', 'unique_consecutive', 'repeat_interleave', 'equal', 'is_nonzero'})
+                       'unique_dim', 'unique_consecutive', 'equal', 'is_nonzero'})
+# Operators that wait or not by their arguments (waits_for_gpu): copies, repeat_interleave, indexing
+COPIES, INDEXING = ('_to_copy', 'copy_'), ('index', 'index_put', 'index_put_', '_index_put_impl_')
+ARGUMENT_RULES = frozenset({*COPIES, 'repeat_interleave', *INDEXING})
 
 
 def waits_for_gpu(func, args, kwargs, gpu='cpu'):
@@ -35,21 +38,23 @@ def waits_for_gpu(func, args, kwargs, gpu='cpu'):
     where it must sum its repeats (no output_size given) and indexing by a boolean mask, which counts the mask's
     positions (masked_fill needs no count). A copy between the host and the GPU waits unless non_blocking: torch
     synchronizes the stream after it."""
+    name = func._opname
+    if name not in ARGUMENT_RULES and name not in GPU_WAITS:
+        return False  # nearly every operator: decided without binding its arguments
     given = {**dict(zip((a.name for a in func._schema.arguments), args)), **(kwargs or {})}
-    if func._opname in ('_to_copy', 'copy_'):
-        source = given['src'] if func._opname == 'copy_' else given['self']
-        target = given['self'].device if func._opname == 'copy_' else torch.device(given.get('device') or
-                                                                                     source.device)
+    if name in COPIES:
+        source = given['src'] if name == 'copy_' else given['self']
+        target = given['self'].device if name == 'copy_' else torch.device(given.get('device') or source.device)
         between_host_and_gpu = gpu != 'cpu' and {source.device.type, target.type} == {'cpu', gpu}
         return between_host_and_gpu and not given.get('non_blocking')
     tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
     if tensor is None or tensor.device.type != gpu:
         return False  # a host tensor's value is at hand
-    if func._opname in ('index', 'index_put', 'index_put_', '_index_put_impl_'):
-        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in given['indices'])
-    if func._opname == 'repeat_interleave':
+    if name == 'repeat_interleave':
         return given.get('output_size') is None and func._overloadname != 'self_int'
-    return func._opname in GPU_WAITS
+    if name in INDEXING:
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in given['indices'])
+    return True
 
 
 class OperatorCounter(TorchDispatchMode):

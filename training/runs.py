@@ -56,11 +56,10 @@ def record_options(config, model_args, flash_kernel=None):
                                      model_args['n_embd'] // model_args['n_head'], flash_kernel)
     kernel_runs = kernel is not None and config['attention_kernel'] != 'masked'
     rows = int(config['loss_chunk_mib'] * 2 ** 20) // (3 * 4 * model_args['vocab_size'])
-    if not kernel_runs:
-        return dict(loss_chunk_rows=max(1, rows), attend=gpt2026.attend)
-    # the documents' segments looked up here, when the model is built: the memory estimator's trace replaces them
-    return dict(loss_chunk_rows=max(1, rows), attend=attention.window_document_attention,
-                segments=attention.position_segments)
+    options = dict(loss_chunk_rows=max(1, rows), attend=gpt2026.attend)
+    if kernel_runs: # the segments looked up here, when the model is built: the memory estimator's trace replaces them
+        options.update(attend=attention.window_document_attention, segments=attention.position_segments)
+    return options
 
 
 def optimizer_words(config):
