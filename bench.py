@@ -499,12 +499,14 @@ def bench_loss():
 
 
 def bench_sample():
-    """GPT.generate from a one-token prompt with its KV cache, and as nanoGPT's (use_cache=False: the whole sequence
-    runs again for each token), each after the same seed: their times, the speed-up, and whether the tokens agree."""
+    """The model's generate (model_file's: GPT's or GPT2026's) from a one-token prompt with its KV cache, and as
+    nanoGPT's (use_cache=False: the whole sequence runs again for each token), each after the same seed: their times, the speed-up, and whether the tokens agree."""
     model = build_model({**config, **SCRATCH}, model_args()).to(device).eval()
     prompt = torch.zeros((1, 1), dtype=torch.long, device=device)
-    print(f'generate: {max_new_tokens} new tokens after a 1-token prompt, block_size {block_size}, {n_layer} layers, '
-          f'n_embd {n_embd}, {dtype}, {device}, {torch.get_num_threads()} threads')
+    crop = getattr(model.config, 'block_size', None) # gpt2026.py's model has none: its windows bound the context
+    print(f"generate: {max_new_tokens} new tokens after a 1-token prompt, {model_file}, "
+          f"{f'block_size {crop}, ' if crop else ''}{n_layer} layers, n_embd {n_embd}, {dtype}, {device}, "
+          f"{torch.get_num_threads()} threads")
     runs = {}
     with torch.no_grad(), ctx:
         model.generate(prompt, 2) # warm-up: the first call's one-time costs (kernels, allocator) out of the timing
@@ -516,7 +518,8 @@ def bench_sample():
             model(torch.zeros((1, length), dtype=torch.long, device=device))
             synchronize()
             return time.perf_counter() - t0
-        expected = max_new_tokens * (forward_seconds(1) + forward_seconds(min(max_new_tokens, block_size))) / 2
+        longest = min(max_new_tokens, crop or max_new_tokens)
+        expected = max_new_tokens * (forward_seconds(1) + forward_seconds(longest)) / 2
         print(f'nanoGPT generate will take about {expected:.0f}s here; --max_new_tokens sets the length (its time '
               f'grows with the square of it)', flush=True)
         for name, use_cache in (('nanoGPT generate', False), ('KV cache', True)):

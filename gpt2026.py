@@ -108,10 +108,11 @@ def shift_stationary_keys(k):
 def attend(q, k, v, docs, window, scale):
     """Causal attention of q, k, v (B, T, H, D) within documents (docs (B, T): each position's) over a window by
     position: query t sees the keys from t - window to t of its document, as FlashAttention's variable-length kernel
-    with window_size=(window, 0) and the documents as cu_seqlens. Here SDPA under a (B, 1, T, T) mask, on any device."""
-    pos = torch.arange(q.size(1), device=q.device)
-    back = pos[:, None] - pos[None, :]
-    mask = (back >= 0) & (back <= window) & (docs[:, :, None] == docs[:, None, :])
+    with window_size=(window, 0) and the documents as cu_seqlens. Here SDPA under a (B, 1, T, T) mask, on any device.
+    The queries may be the last positions of the keys' (generation's KVCache): k, v and docs then cover them all."""
+    pos = torch.arange(k.size(1), device=q.device)
+    back = pos[-q.size(1):, None] - pos[None, :]
+    mask = (back >= 0) & (back <= window) & (docs[:, -q.size(1):, None] == docs[:, None, :])
     y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        attn_mask=mask[:, None], scale=scale)
     return y.transpose(1, 2)
@@ -133,27 +134,28 @@ class CausalSelfAttention(nn.Module):
         self.paired = kind == 'paired'
         self.shift_keys = kind == 'long'
 
-    def forward(self, x, value_rows, rotary, docs, window, scale):
+    def forward(self, x, value_rows, rotary, docs, window, scale, cache=None):
         """x: the block's normed input (B, T, C); value_rows: this layer's value-embedding rows or None; rotary and
         docs: those of the layer's layout (GPT2026.rotary, GPT2026.documents); the softmax `scale` and `window`
-        (tokens) of this step."""
+        (tokens) of this step; cache: this layer's entry in a KVCache, whose positions x follows (docs: of them all)."""
         B, T, C = x.size()
         q, k, v = F.linear(x, self.lambdas[0] * self.c_attn.weight).view(B, T, 3 * self.n_head, -1).chunk(3, dim=2)
         q, k = rotate(rms_norm(q), *rotary), rotate(rms_norm(k), *rotary)
-        if self.shift_keys:
-            k = shift_stationary_keys(k)
         gate_input = x[..., :self.gate.in_features]
         if value_rows is not None:
             v = v + 2 * torch.sigmoid(self.value_gate(gate_input))[..., None] * value_rows.view_as(v)
         if self.paired:
             # token t's first H/2 heads at position 2t, its last H/2 at 2t + 1 (the record's layout): each query
             # attends to the keys of its head and of its pair, head h +- H/2, over twice the positions (docs: theirs)
-            pair = lambda t: t.reshape(B, 2 * T, self.n_head // 2, -1)
-            y = self.attend(pair(q), pair(k), pair(v), docs, window, scale)
-            y = y.reshape(q.shape)
-        else:
-            y = self.attend(q, k, v, docs, window, scale)
-        y = y * torch.sigmoid(self.gate(gate_input))[..., None]
+            q, k, v = (t.reshape(B, 2 * T, self.n_head // 2, -1) for t in (q, k, v))
+        if cache is not None:  # generation: the new positions' keys and values join the earlier positions'
+            if cache:
+                k, v = torch.cat((cache['keys'], k), dim=1), torch.cat((cache['values'], v), dim=1)
+            cache.update(keys=k, values=v)
+        if self.shift_keys:
+            k = shift_stationary_keys(k)
+        y = (self.attend if cache is None else attend)(q, k, v, docs, window, scale)
+        y = y.reshape(B, T, self.n_head, -1) * torch.sigmoid(self.gate(gate_input))[..., None]
         return F.linear(y.reshape(B, T, C), self.lambdas[1] * self.c_proj.weight)
 
 
@@ -177,11 +179,11 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.long_window = attention == 'long'
 
-    def forward(self, x, value_rows, rotary, docs, windows, scale):
+    def forward(self, x, value_rows, rotary, docs, windows, scale, cache=None):
         if self.attn is not None:
             kind = 'paired' if self.attn.paired else 'single'
             window = windows[1] if self.long_window else windows[0]
-            x = x + self.attn(rms_norm(x), value_rows, rotary[kind], docs[kind], window, scale)
+            x = x + self.attn(rms_norm(x), value_rows, rotary[kind], docs[kind], window, scale, cache)
         return x + self.mlp(rms_norm(x))
 
 
@@ -261,54 +263,60 @@ class GPT2026(nn.Module):
     def set_extra_state(self, state):
         self.embedding_tied, self.rotary_windows = state['embedding_tied'], list(state['rotary_windows'])
 
-    def documents(self, idx):
+    def documents(self, idx, segments=None):
         """{'single': docs, 'paired': docs} of idx (B, T), as attend takes them: each position's document id (a
-        document starts at each doc_token), for paired heads at each of positions 2t and 2t + 1 (GPT2026.rotary)."""
+        document starts at each doc_token), for paired heads at each of positions 2t and 2t + 1 (GPT2026.rotary);
+        what `segments` makes of them if it is given."""
         docs = (idx == self.config.doc_token).cumsum(1)
         layouts = {'single': docs, 'paired': docs.repeat_interleave(2, dim=1)}
-        return layouts if self.segments is None else {kind: self.segments(ids) for kind, ids in layouts.items()}
+        return layouts if segments is None else {kind: segments(ids) for kind, ids in layouts.items()}
 
-    def rotary(self, T, device, dtype):
-        """({'single': (cos, sin), 'paired': (cos, sin)}, softmax scale) for rows of T tokens. Paired heads rotate
-        head h of token t at position 2t + h % 2 (the record's: its tables pair heads 2j and 2j + 1, though its
-        layout makes pairs of h and h + H/2)."""
+    def rotary(self, T, device, dtype, start=0):
+        """({'single': (cos, sin), 'paired': (cos, sin)}, softmax scale) for T tokens at positions start, start + 1,
+        ... Paired heads rotate head h of token t at position 2t + h % 2 (the record's: its tables pair heads 2j and
+        2j + 1, though its layout makes pairs of h and h + H/2)."""
         head_dim = self.config.n_embd // self.config.n_head
         frequencies, scale = yarn(head_dim, self.rotary_windows, device)
-        t = torch.arange(T, device=device)
+        t = torch.arange(start, start + T, device=device)
         single = rotary_cos_sin(frequencies, t[:, None], dtype)  # (T, 1, D/2): every head alike
         heads = torch.arange(self.config.n_head, device=device)
         paired = rotary_cos_sin(frequencies, 2 * t[:, None] + heads % 2, dtype)  # (T, H, D/2)
         return {'single': single, 'paired': paired}, scale
 
-    def forward(self, idx, targets=None, *, windows=None, mtp_weights=(1.0,), reduction='mean'):
+    def forward(self, idx, targets=None, *, windows=None, mtp_weights=(1.0,), reduction='mean', cache=None):
         """idx (B, T): each row one of the record's micro-batches, documents packed, one starting at each doc_token.
         windows: (short, long) in tokens (None: the config's). With targets: (None, loss), the loss of each position
         t being sum_k mtp_weights[k] * cross-entropy of its prediction of targets[:, t + k] (within the row), summed
         over positions (reduction 'sum', the record's training loss) or divided by B * T ('mean'; the record's
         validation: mtp_weights (1,)); reduction 'none': (B, T), each position's loss of the next token, 0 where the
         target is -1 (HellaSwag's scores), without gradients. Without targets: (capped logits of the last position
-        (B, 1, vocab), None)."""
+        (B, 1, vocab), None). cache (a KVCache, generation's): idx are the tokens that follow the cache.length ones
+        it holds, which it then holds too."""
         config = self.config
         if reduction not in ('sum', 'mean', 'none'):
             raise ValueError(f"reduction must be 'sum', 'mean' or 'none', got {reduction!r}")
         B, T = idx.size()
+        start = 0 if cache is None else cache.length  # the first new position
+        seen = idx if cache is None else cache.append(idx)  # every token so far: the new ones' documents and bigrams
         windows = (config.short_window, config.long_window) if windows is None else windows
-        docs = self.documents(idx)
+        docs = self.documents(seen, self.segments if cache is None else None)
         wte = self.lm_head.weight if self.embedding_tied else self.transformer.wte.weight
-        x = F.embedding(idx, wte)
+        x = F.embedding(seen[:, max(start - 1, 0):], wte)  # with the token before the new ones, for the smear
         # smear: each position's embedding takes in the previous token's, as much as its own gate lets it
         gate = torch.sigmoid(self.smear_gate(x[:, 1:, :config.gate_inputs]))
-        x = x0 = rms_norm(torch.cat((x[:, :1], x[:, 1:] + self.smear_lambda * gate * x[:, :-1]), dim=1))
-        bigram = self.transformer.bigram_embed(bigram_hash(idx, config.bigram_vocab_size))
+        x = torch.cat((x[:, :1], x[:, 1:] + self.smear_lambda * gate * x[:, :-1]), dim=1)
+        x = x0 = rms_norm(x[:, -T:])
+        bigram = self.transformer.bigram_embed(bigram_hash(seen, config.bigram_vocab_size)[:, start:])
         tables = [table(idx) for table in self.transformer.value_embeds]
-        rotary, scale = self.rotary(T, idx.device, x.dtype)
+        rotary, scale = self.rotary(T, idx.device, x.dtype, start)
         skip_from, skip_to = config.skip
         for i, (block, (_, table)) in enumerate(zip(self.transformer.h, config.layers)):
             if i == skip_to:
                 gate = 2 * torch.sigmoid(self.skip_gate(x0[..., :config.gate_inputs]))
                 x = x + torch.sigmoid(self.skip_lambda) * gate * skipped
             x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0 + self.bigram_lambdas[i] * bigram
-            x = block(x, None if table is None else tables[table], rotary, docs, windows, scale)
+            x = block(x, None if table is None else tables[table], rotary, docs, windows, scale,
+                      None if cache is None else cache.layers[i])
             if i == skip_from:
                 skipped = x
             if i == config.backout_layer:
@@ -330,18 +338,40 @@ class GPT2026(nn.Module):
         return None, loss if reduction == 'sum' else loss / (B * T)
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
         """nanoGPT's sampling: max_new_tokens tokens appended to idx (B, T), each drawn from the capped logits of the
-        last position divided by temperature, the top_k most likely kept (None: all). The model runs on the whole
-        sequence for each token: no cache, and no block size to crop to (its windows bound what a position sees)."""
+        last position divided by temperature, the top_k most likely kept (None: all). use_cache: a KVCache keeps the
+        earlier positions' keys and values, so each step runs only the new token; without it the model runs on the
+        whole sequence for each token, as nanoGPT's generate. No block size to crop to: its windows bound what a
+        position sees."""
+        cache = KVCache(len(self.config.layers)) if use_cache else None
         for _ in range(max_new_tokens):
-            logits, _ = self(idx)
+            logits, _ = self(idx if cache is None else idx[:, cache.length:], cache=cache)
             logits = logits[:, -1, :] / temperature
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                 logits[logits < v[:, [-1]]] = -float('inf')
             idx = torch.cat((idx, torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)), dim=1)
         return idx
+
+
+class KVCache:
+    """Generation's memory between forwards: the tokens run so far, and each attention layer's keys and values of
+    their positions (in its layout: two positions a token for paired heads; long layers' keys before their shift), so
+    that GPT2026.forward(idx, cache=cache) runs only the new tokens idx. It grows with each forward."""
+
+    def __init__(self, n_layer):
+        self.tokens = None  # (B, length)
+        self.layers = [{} for _ in range(n_layer)]  # each layer's 'keys' and 'values', (B, positions, heads, D)
+
+    @property
+    def length(self):
+        return 0 if self.tokens is None else self.tokens.size(1)
+
+    def append(self, idx):
+        """Every token so far, idx (B, T) the last."""
+        self.tokens = idx if self.tokens is None else torch.cat((self.tokens, idx), dim=1)
+        return self.tokens
 
 
 def softcap(logits):

@@ -145,14 +145,18 @@ def test_loss_mode_compiled_adds_a_compiled_row_per_method_and_skips_the_cuda_li
         assert fields[-4].endswith('x') and fields[-3].endswith('s') and fields[-2:] == ['n/a', 'n/a']
 
 
-def test_sample_mode_times_generate_with_and_without_the_cache_and_they_agree():
-    result = run_script('bench.py', '--mode=sample', '--device=cpu', '--n_layer=1', '--n_head=2', '--n_embd=32',
-                        '--block_size=16', '--vocab_size=256', '--max_new_tokens=30')  # past block_size
+@pytest.mark.parametrize('model', [('--n_layer=1', '--block_size=16'),  # past block_size
+                                   ('--model_file=gpt2026.py', '--n_layer=11', '--doc_token=255', '--max_iters=1600')],
+                         ids=['model.py', 'gpt2026.py'])
+def test_sample_mode_times_generate_with_and_without_the_cache_and_they_agree(model):
+    result = run_script('bench.py', '--mode=sample', '--device=cpu', *model, '--n_head=2', '--n_embd=32',
+                        '--vocab_size=256', '--max_new_tokens=30')
     assert result.returncode == 0, result.stderr
     rows = [line.rsplit(None, 3) for line in result.stdout.splitlines() if line.endswith(' tokens/s')]
     assert [row[0] for row in rows] == ['nanoGPT generate', 'KV cache']
     assert all(row[1].endswith('s') and float(row[2]) > 0 for row in rows)
-    assert 'generate: 30 new tokens after a 1-token prompt, block_size 16, 1 layers' in result.stdout
+    said = ('model.py, block_size 16, 1 layers' if model[0] == '--n_layer=1' else 'gpt2026.py, 11 layers')
+    assert f'generate: 30 new tokens after a 1-token prompt, {said}, n_embd 32' in result.stdout
     # said before the long run starts: how long it will take, and the key that shortens it
     assert re.search(r'\nnanoGPT generate will take about \d+s here; --max_new_tokens sets the length .*\n'
                      r'nanoGPT generate\.\.\.\n', result.stdout)

@@ -181,11 +181,11 @@ def paired_heads_at_their_interleaved_positions(monkeypatch):
     """The paired heads rotated where the interleaving puts them, 2t + h // (H/2), not the record's 2t + h % 2."""
     rotary = gpt2026.GPT2026.rotary
 
-    def interleaved(self, T, device, dtype):
-        tables, scale = rotary(self, T, device, dtype)
+    def interleaved(self, T, device, dtype, start=0):
+        tables, scale = rotary(self, T, device, dtype, start)
         frequencies, _ = gpt2026.yarn(self.config.n_embd // self.config.n_head, self.rotary_windows)
         heads = torch.arange(self.config.n_head)
-        positions = 2 * torch.arange(T)[:, None] + heads // (self.config.n_head // 2)
+        positions = 2 * torch.arange(start, start + T)[:, None] + heads // (self.config.n_head // 2)
         return {**tables, 'paired': gpt2026.rotary_cos_sin(frequencies, positions, dtype)}, scale
     monkeypatch.setattr(gpt2026.GPT2026, 'rotary', interleaved)
 
