@@ -185,7 +185,8 @@ def train(run, seed, val_batches):
             break
         t0 = time.perf_counter()
         schedule_groups(optimizer, it, scheduled_lr(it, keys), keys) # as train.py sets them
-        step.train_step(model, optimizer, batches, 1, ctx, grad_clip=keys['grad_clip'], attn_window=window)
+        step.train_step(model, optimizer, batches, 1, ctx, grad_clip=keys['grad_clip'],
+                        forward_args=dict(attn_window=window))
         seconds += time.perf_counter() - t0
     matrices = muon_matrices(model)
     in_muon = {id(p) for p in matrices}

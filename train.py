@@ -529,7 +529,7 @@ while True:
     # and using the GradScaler if data type is float16 (training/step.py: the step the estimator and benchmarks take)
     phases.enter('step', iter_num)
     micro_steps = run.micro_steps(iter_num) // ddp_world_size # gpt2026.py's grow with the record's batch
-    loss_sum, grad_norm = train_step(model, optimizer, batches, micro_steps, ctx, scaler, grad_clip, None,
+    loss_sum, grad_norm = train_step(model, optimizer, batches, micro_steps, ctx, scaler, grad_clip,
                                      set_sync if ddp else None, run.forward_args(iter_num), run.gradient_scale)
     run.end_step(iter_num) # gpt2026.py's embedding splits from its head at two thirds
     tokens_per_iter = micro_steps * ddp_world_size * batch_size * block_size

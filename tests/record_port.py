@@ -49,7 +49,7 @@ def our_steps(config, vocab_size, weights, first, x, y):
         with torch.no_grad():
             _, loss = model(x, y, attn_window=window)  # in float64: train_step sums the losses it logs in fp32
         logged, _ = step.train_step(model, optimizer, batches, config['gradient_accumulation_steps'],
-                                    grad_clip=config['grad_clip'], attn_window=window)
+                                    grad_clip=config['grad_clip'], forward_args=dict(attn_window=window))
         assert relative_error(logged.double(), loss) < 1e-6
         after = {n: p.detach().clone() for n, p in model.named_parameters()}
         results.append((loss, optimizer.grads[-1], after))

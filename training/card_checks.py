@@ -224,7 +224,7 @@ def trained(config, model_args, device, device_type, batch, weight_dtype, dtype)
         optimizer = build_optimizer(model, keys, device_type)
     batches = step.Prefetcher(itertools.repeat(batch))
     return first, [step.train_step(model, optimizer, batches, 1, autocast(dtype, device_type),
-                                   grad_clip=config['grad_clip'], attn_window=window)[0].item()
+                                   grad_clip=config['grad_clip'], forward_args=dict(attn_window=window))[0].item()
                    for _ in range(CHECK_STEPS)]
 
 

@@ -88,7 +88,7 @@ def profile_step(label, config, model_args, device, device_type, compiled, repor
 
     def train_step():
         step.train_step(run, optimizer, batches, config['gradient_accumulation_steps'], ctx, scaler,
-                        config['grad_clip'], window)
+                        config['grad_clip'], forward_args=dict(attn_window=window))
     report(f'{label}: {WARM_UP_STEPS} steps to warm up' + (', the first compiling' if compiled else ''), {})
     for _ in range(WARM_UP_STEPS):
         seconds_of(train_step, device_type)

@@ -107,17 +107,18 @@ class Prefetcher:
 
 
 def train_step(model, optimizer, batches, accumulation, ctx=nullcontext(), scaler=None, grad_clip=0.0,
-               attn_window=None, set_sync=None, forward_args=None, gradient_scale=None):
+               set_sync=None, forward_args=None, gradient_scale=None):
     """One iteration of train.py: `accumulation` micro-steps of forward and backward on the micro-batches of
     `batches` (a Prefetcher), each loss scaled by gradient_scale (None: 1/accumulation), then clipping at grad_clip
     (0: none), the optimizer's step through the GradScaler (fp16; None: none) and the gradients freed (those the
     optimizer keeps for its next step aside). With optimizer_in_backward the step ran in backward and there is none
-    left. forward_args: the model's keywords beyond X and Y (None: model.py's attn_window). set_sync(last): under DDP
+    left. forward_args: the model's keywords beyond X and Y (a run's forward_args: model.py's attn_window, gpt2026.py's
+    windows and MTP weights; None: none). set_sync(last): under DDP
     or fsdp, whether the next backward reduces the gradients over the ranks: only on the last micro-step. Returns the
     mean micro-batch loss as a tensor on the device (no sync) and the gradient norm before clipping (None without
     clipping)."""
     scaler = scaler or NO_SCALER
-    forward_args = dict(attn_window=attn_window) if forward_args is None else forward_args
+    forward_args = forward_args or {}
     gradient_scale = 1 / accumulation if gradient_scale is None else gradient_scale
     X, Y = batches.take() # fetched during the step before
     loss_sum = None # the mean micro-batch loss, kept on the device: no sync
