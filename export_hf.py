@@ -6,7 +6,8 @@ The folder loads with transformers.AutoModelForCausalLM.from_pretrained(hf_dir) 
 and AutoTokenizer.from_pretrained(hf_dir): GPT-2's BPE, or the dataset's characters (meta.pkl), so
 lm-evaluation-harness and other transformers tools run it. GPT-2's architecture becomes a GPT2LMHeadModel; any other
 (the modern options) a folder with its own modeling code, this repository's model.py among it, which loads with
-trust_remote_code=True. The way back: train.py --init_from=hf_dir.
+trust_remote_code=True; gpt2026.py's model such a folder with gpt2026.py. The way back (model.py's):
+train.py --init_from=hf_dir.
 """
 import sys
 

@@ -292,10 +292,28 @@ class GPT2026(nn.Module):
         target is -1 (HellaSwag's scores), without gradients. Without targets: (capped logits of the last position
         (B, 1, vocab), None). cache (a KVCache, generation's): idx are the tokens that follow the cache.length ones
         it holds, which it then holds too."""
-        config = self.config
         if reduction not in ('sum', 'mean', 'none'):
             raise ValueError(f"reduction must be 'sum', 'mean' or 'none', got {reduction!r}")
         B, T = idx.size()
+        x = self.hidden_states(idx, windows, cache)
+        if targets is None:
+            return self.logits(x[:, [-1]]), None
+        if reduction == 'none':
+            if x.requires_grad:
+                raise RuntimeError("reduction='none' has no gradients: call the model under torch.no_grad()")
+            scored = (targets != -1).view(-1, 1)
+            losses = loss_and_gradients(x.view(B * T, -1), self.lm_head.weight, targets.clamp(min=0).view(-1, 1),
+                                        scored, self.loss_chunk_rows, need_grad=False, per_row=True)[0]
+            return None, losses.view(B, T)
+        loss = softcapped_mtp_loss(x.view(B * T, -1), self.lm_head.weight, *multi_token_targets(targets, mtp_weights),
+                                   self.loss_chunk_rows)
+        return None, loss if reduction == 'sum' else loss / (B * T)
+
+    def hidden_states(self, idx, windows=None, cache=None):
+        """The last hidden states (B, T, n_embd) of idx (B, T), normed: what the head reads. windows and cache:
+        forward's."""
+        config = self.config
+        T = idx.size(1)
         start = 0 if cache is None else cache.length  # the first new position
         seen = idx if cache is None else cache.append(idx)  # every token so far: the new ones' documents and bigrams
         windows = (config.short_window, config.long_window) if windows is None else windows
@@ -322,20 +340,13 @@ class GPT2026(nn.Module):
             if i == config.backout_layer:
                 backout = x
         # what the first layers wrote for the context of later positions, not for this one's prediction, backed out
-        x = rms_norm(x - self.backout_lambda * backout)
-        if targets is None:
-            logits = self.lm_head(x[:, [-1]])
-            return softcap(logits.to(torch.promote_types(logits.dtype, torch.float32))), None
-        if reduction == 'none':
-            if x.requires_grad:
-                raise RuntimeError("reduction='none' has no gradients: call the model under torch.no_grad()")
-            scored = (targets != -1).view(-1, 1)
-            losses = loss_and_gradients(x.view(B * T, -1), self.lm_head.weight, targets.clamp(min=0).view(-1, 1),
-                                        scored, self.loss_chunk_rows, need_grad=False, per_row=True)[0]
-            return None, losses.view(B, T)
-        loss = softcapped_mtp_loss(x.view(B * T, -1), self.lm_head.weight, *multi_token_targets(targets, mtp_weights),
-                                   self.loss_chunk_rows)
-        return None, loss if reduction == 'sum' else loss / (B * T)
+        return rms_norm(x - self.backout_lambda * backout)
+
+    def logits(self, hidden):
+        """The capped logits of hidden states (..., n_embd), in fp32 (fp64 for fp64 weights): sampling's, and those
+        of every position that a Hugging Face export gives."""
+        logits = self.lm_head(hidden)
+        return softcap(logits.to(torch.promote_types(logits.dtype, torch.float32)))
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):

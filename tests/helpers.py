@@ -131,6 +131,12 @@ MODERN_ARCH_ARGS = ['--pos_emb=rope', '--norm=rmsnorm', '--qk_norm=True', '--mlp
                     '--rope_truncated=True', '--weight_init=pytorch', '--attn_window=8',
                     '--attn_window_block=2', '--attn_window_warmup_iters=6', '--attn_window_warmup_start=2',
                     '--doc_token=0']
+# config/speedrun2026_gpt2_12gb.py (model_file='gpt2026.py') scaled down: the record's 11 layers 32 wide, rows of 32
+# characters, a document at each newline (id 0)
+RECORD_2026_ARGS = [str(ROOT / 'config' / 'speedrun2026_gpt2_12gb.py'), f'--dataset={DATASET}', '--n_head=2',
+                    '--n_embd=32', '--block_size=32', '--batch_size=2', '--gradient_accumulation_steps=2',
+                    '--eval_batch_size=2', '--eval_iters=2', '--doc_token=0', '--device=cpu', '--compile=False',
+                    '--dtype=float32', '--log_interval=1']
 # and the optimizer, schedule and batch order of the recipes: Muon (the record's: its momentum an average divided by
 # norm + eps, q, k and v each on its own), its momentum warmup, per-group learning rates, wsd, train.bin read in order
 MODERN_RECIPE_ARGS = [*MODERN_ARCH_ARGS, '--optim=muon', '--muon_momentum_warmup_iters=4', '--lr_schedule=wsd',

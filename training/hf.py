@@ -3,8 +3,8 @@ loads (weights in safetensors, with its tokenizer), and such a folder, or any GP
 GPT-2's architecture exports as a GPT2LMHeadModel: the parameters have the same names on both sides, and
 model.HF_TRANSPOSED names those stored transposed. Any other (the modern options) exports with its own modeling code:
 model.py itself, with the project modules it imports, and the wrappers in training/hf_code/, which transformers runs
-with trust_remote_code=True. transformers is imported only where a folder is read or written: train.py from scratch
-never loads it."""
+with trust_remote_code=True; gpt2026.py's model the same way, with its file and wrappers of its own. transformers is
+imported only where a folder is read or written: train.py from scratch never loads it."""
 import ast
 import json
 import os
@@ -14,6 +14,7 @@ from dataclasses import fields
 
 import torch
 
+from gpt2026 import GPT2026Config
 from model import GPT, GPT2_VOCAB_SIZE, GPTConfig, HF_TRANSPOSED
 from training import runs
 from training.errors import ConfigError, first_line
@@ -44,6 +45,10 @@ MODEL_TYPE = 'nanogpt'
 AUTO_MAP = {'AutoConfig': 'configuration_nanogpt.NanoGPTConfig',
             'AutoModelForCausalLM': 'modeling_nanogpt.NanoGPTForCausalLM'}
 WEIGHTS_PREFIX = 'gpt.'
+# gpt2026.py's model: that file alone (it imports only torch) and its own wrappers
+RECORD_2026_MODEL_TYPE = 'gpt2026'
+RECORD_2026_AUTO_MAP = {'AutoConfig': 'configuration_gpt2026.GPT2026HFConfig',
+                        'AutoModelForCausalLM': 'modeling_gpt2026.GPT2026ForCausalLM'}
 
 
 # --- export: a checkpoint as a GPT2LMHeadModel folder, or a folder with its own modeling code ---
@@ -57,9 +62,9 @@ def inexpressible_keys(model_args):
 
 
 def has_own_code(model_args):
-    """Whether the export of a model of these model_args has its own modeling code: an architecture GPT2LMHeadModel
-    does not have."""
-    return bool(inexpressible_keys(model_args))
+    """Whether the export of a model of these model_args has its own modeling code: gpt2026.py's, or an architecture
+    GPT2LMHeadModel does not have."""
+    return runs.model_file(model_args) != runs.GPT_FILE or bool(inexpressible_keys(model_args))
 
 
 def is_tied(state_dict):
@@ -149,23 +154,36 @@ def model_sources(root, module='model'):
     return sources
 
 
-def remote_code_model(weights, model_args, gpt2_tokens, hf_dir):
-    """Write the modeling code (model_sources' and hf_code/'s files) to hf_dir, and return its NanoGPTForCausalLM
-    (fp32) holding `weights` (gpt_weights'), loaded as from_pretrained loads that code."""
+def remote_code_model(weights, config_args, hf_dir, sources, auto_map):
+    """Write the modeling code (`sources`, {file name: source}, and the hf_code/ wrappers that auto_map names) to
+    hf_dir, and return its model (fp32) of config_args, holding `weights` as `gpt`, loaded as from_pretrained loads
+    that code."""
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
-    for name, source in model_sources(ROOT).items():
+    for name, source in sources.items():
         with open(os.path.join(hf_dir, name), 'w', encoding='utf-8') as f:
             f.write(source)
-    for name in sorted(os.listdir(HF_CODE_DIR)):
-        if name.endswith('.py'):
-            shutil.copyfile(os.path.join(HF_CODE_DIR, name), os.path.join(hf_dir, name))
-    config_class, model_class = (get_class_from_dynamic_module(reference, hf_dir) for reference in AUTO_MAP.values())
-    config = config_class(**model_args, auto_map=AUTO_MAP, **special_tokens(gpt2_tokens))
+    for reference in auto_map.values():
+        name = reference.split('.')[0] + '.py'
+        shutil.copyfile(os.path.join(HF_CODE_DIR, name), os.path.join(hf_dir, name))
+    config_class, model_class = (get_class_from_dynamic_module(reference, hf_dir) for reference in auto_map.values())
+    config = config_class(**config_args, auto_map=auto_map)
     with torch.device('meta'):  # shapes only: the weights are assigned below, never initialized
         model = model_class(config)
     model.gpt.load_state_dict(weights, strict=True, assign=True)
     model.tie_weights()  # assign=True gave lm_head and wte a tensor each
     return model.eval()
+
+
+def record_2026_export(state_dict, model_args, gpt2_tokens, hf_dir):
+    """The GPT2026ForCausalLM (fp32) of a checkpoint of gpt2026.py's model, its code written to hf_dir: the weights
+    in safetensors, the model's state beside them (the embedding's tie, YaRN's windows) in config.json."""
+    state = state_dict['_extra_state']
+    weights = {name: weight.float() for name, weight in state_dict.items() if name != '_extra_state'}
+    with open(os.path.join(ROOT, runs.RECORD_2026_FILE), encoding='utf-8') as f:
+        sources = {runs.RECORD_2026_FILE: f.read()}
+    config_args = dict(**{k: v for k, v in model_args.items() if k != 'model_file'}, **state,
+                       **special_tokens(gpt2_tokens))
+    return remote_code_model(weights, config_args, hf_dir, sources, RECORD_2026_AUTO_MAP)
 
 
 def export(checkpoint, tokenizer, hf_dir):
@@ -174,30 +192,37 @@ def export(checkpoint, tokenizer, hf_dir):
     GPT2LMHeadModel does not have, the modeling code; returns the transformers model. Everything is checked before
     anything is written."""
     state_dict, model_args, gpt2_tokens = checkpoint['model'], checkpoint['model_args'], tokenizer[0] == 'gpt2'
-    if has_own_code(model_args):
+    if runs.model_file(model_args) == runs.RECORD_2026_FILE:
+        os.makedirs(hf_dir, exist_ok=True)
+        model = record_2026_export(state_dict, model_args, gpt2_tokens, hf_dir)
+        # no block size: the tokenizer's longest input is the rows it trained on
+        block_size = (checkpoint.get('config') or {}).get('block_size', model.config.long_window)
+    elif has_own_code(model_args):
         weights = gpt_weights(state_dict, model_args)
         os.makedirs(hf_dir, exist_ok=True)
-        model = remote_code_model(weights, model_args, gpt2_tokens, hf_dir)
+        model = remote_code_model(weights, {**model_args, **special_tokens(gpt2_tokens)}, hf_dir,
+                                  model_sources(ROOT), AUTO_MAP)
+        block_size = model_args['block_size']
     else:
         model = hf_model(state_dict, model_args, gpt2_tokens)
         os.makedirs(hf_dir, exist_ok=True)
+        block_size = model_args['block_size']
     model.save_pretrained(hf_dir)  # safetensors; a tied lm_head is stored once, as transformers does
-    write_tokenizer(tokenizer, model_args['block_size'], hf_dir)
+    write_tokenizer(tokenizer, block_size, hf_dir)
     return model
 
 
 def check_exportable(checkpoint, path):
-    """ConfigError with one line if `checkpoint` (from `path`) is not of model.py's GPT (docs/record_2026.md: why
-    gpt2026.py's is not exported) or has model_args that GPTConfig does not know."""
+    """ConfigError with one line if `checkpoint` (from `path`) has model_args that its model file's config (model.py's
+    GPTConfig, gpt2026.py's GPT2026Config) does not know."""
     file = runs.model_file(checkpoint['model_args'])
-    if file != runs.GPT_FILE:
-        raise ConfigError(f"{path} holds a model of {file}, which export_hf.py does not export: transformers' causal "
-                          f"LM gives the logits of every position, which {file}'s forward never makes "
-                          f"(docs/record_2026.md); sample from it with sample.py")
-    known = {f.name for f in fields(GPTConfig)}
+    if file == runs.GPT_FILE:
+        known = {f.name for f in fields(GPTConfig)}
+    else:  # gpt2026.py's model_args name their file
+        known = {f.name for f in fields(GPT2026Config)} | {'model_file'}
     unknown = [f'{k}={v!r}' for k, v in checkpoint['model_args'].items() if k not in known]
     if unknown:
-        raise ConfigError(f"{path} has model_args that this model.py does not have: {', '.join(unknown)}; export it "
+        raise ConfigError(f"{path} has model_args that this {file} does not have: {', '.join(unknown)}; export it "
                           f"with the code that trained it")
 
 
@@ -286,6 +311,9 @@ def folder_config(path, dropout):
         # a field that config.json lacks is an option newer than the export: off
         return model_type, GPTConfig(**{**{f.name: saved[f.name] for f in fields(GPTConfig) if f.name in saved},
                                         'dropout': dropout})
+    if model_type == RECORD_2026_MODEL_TYPE:
+        raise ConfigError(f"{path} is an export of gpt2026.py's model, which trains from scratch (its record's run): "
+                          f"init_from takes GPT-2-architecture models and exports of model.py's GPT")
     if model_type != 'gpt2':
         raise ConfigError(f"{config_path} has model_type {model_type!r}: init_from takes GPT-2-architecture "
                           f"models (model_type 'gpt2', e.g. a GPT-2 finetune or distilgpt2) and export_hf.py's "

@@ -1,7 +1,7 @@
 """export_hf.py in a subprocess: a character model's tokenizer is its dataset's, one without its meta.pkl is
 refused before writing, train.py finetunes from the export, and a speedrun-architecture model goes to transformers
-with its own modeling code, through lm-evaluation-harness (scoring, and generating in left-padded batches), and
-back."""
+with its own modeling code and back; it and gpt2026.py's model go through lm-evaluation-harness (scoring, and
+generating in left-padded batches)."""
 import importlib.util
 import json
 import math
@@ -10,8 +10,8 @@ import shutil
 import pytest
 import torch
 
-from helpers import (MODERN_ARCH_ARGS, TEXT, TINY_ARGS, assert_same_model, run_python, run_script, trained_like_gpt,
-                     write_char_dataset, write_checkpoint)
+from helpers import (MODERN_ARCH_ARGS, RECORD_2026_ARGS, TEXT, TINY_ARGS, assert_same_model, run_python, run_script,
+                     trained_like_gpt, write_char_dataset, write_checkpoint)
 from training.checkpoint import load_checkpoint, load_model
 from training.meta import load_meta
 
@@ -55,18 +55,33 @@ def test_train_exports_and_finetunes_from_the_export(tmp_path):
     assert f'Initializing from GPT-2 weights: {tmp_path / "out" / "hf"}' in result.stdout
 
 
-@pytest.fixture(scope='module')
-def speedrun_export(tmp_path_factory):
-    """(directory, out_dir, hf_dir, export_hf.py's stdout): a model of the speedrun preset's architecture (every
-    modern option: MODERN_ARCH_ARGS), scaled down, trained by train.py and exported by export_hf.py."""
-    tmp = tmp_path_factory.mktemp('speedrun')
+def trained_and_exported(tmp, *train_args):
+    """(tmp, out_dir, hf_dir, export_hf.py's stdout): a model of train_args trained by train.py on the character
+    dataset for 4 iterations and exported by export_hf.py."""
     write_char_dataset(tmp / 'data')
-    trained = run_script('train.py', *TINY_ARGS, *MODERN_ARCH_ARGS, f'--data_dir={tmp / "data"}',
-                         f'--out_dir={tmp / "out"}', '--max_iters=4', '--eval_interval=4')
+    trained = run_script('train.py', *train_args, f'--data_dir={tmp / "data"}', f'--out_dir={tmp / "out"}',
+                         '--max_iters=4', '--eval_interval=4')
     assert trained.returncode == 0, trained.stderr
     exported = run_script('export_hf.py', f'--out_dir={tmp / "out"}', f'--hf_dir={tmp / "hf"}')
     assert exported.returncode == 0, exported.stderr
     return tmp, tmp / 'out', tmp / 'hf', exported.stdout
+
+
+@pytest.fixture(scope='module')
+def speedrun_export(tmp_path_factory):
+    """A model of the speedrun preset's architecture (every modern option: MODERN_ARCH_ARGS), scaled down, trained
+    and exported (trained_and_exported's)."""
+    return trained_and_exported(tmp_path_factory.mktemp('speedrun'), *TINY_ARGS, *MODERN_ARCH_ARGS)
+
+
+@pytest.fixture(scope='module')
+def record2026_export(tmp_path_factory):
+    """gpt2026.py's model on its preset, scaled down, trained and exported (trained_and_exported's)."""
+    return trained_and_exported(tmp_path_factory.mktemp('record2026'), *RECORD_2026_ARGS)
+
+
+# the exports that lm-evaluation-harness runs: model.py's GPT of the speedrun architecture, gpt2026.py's model
+EXPORTS = pytest.mark.parametrize('export', ['speedrun_export', 'record2026_export'], ids=['model.py', 'gpt2026.py'])
 
 
 def test_a_speedrun_architecture_model_leaves_and_comes_back(speedrun_export):
@@ -128,15 +143,16 @@ def run_lm_eval(hf_dir, task, tmp_path, *options, model_args=''):
 
 
 @needs_lm_eval
-def test_lm_eval_scores_an_export(speedrun_export, tmp_path):
-    """lm_eval's command on a local task, offline: its perplexity is the one of our GPT's log-likelihoods."""
-    _, out_dir, hf_dir, _ = speedrun_export
+@EXPORTS
+def test_lm_eval_scores_an_export(export, request, tmp_path):
+    """lm_eval's command on a local task, offline: its perplexity is the one of our model's log-likelihoods."""
+    tmp, out_dir, hf_dir, _ = request.getfixturevalue(export)
     # a character vocabulary has no <|endoftext|> for the harness to put before an empty context: any token does
     results = run_lm_eval(hf_dir, TASK, tmp_path, '--batch_size', '1', model_args=',prefix_token_id=0')
     results, = results.rglob('results_*.json')
     perplexity = json.loads(results.read_text())['results']['tiny_shakespeare_lines']['perplexity,none']
     ours, _ = load_model('resume', str(out_dir), 'cpu')
-    stoi = load_meta(str(speedrun_export[0] / 'data' / 'tiny_char' / 'meta.pkl'))['stoi']
+    stoi = load_meta(str(tmp / 'data' / 'tiny_char' / 'meta.pkl'))['stoi']
     likelihoods = []
     with torch.no_grad():
         for line in LINES:
@@ -159,10 +175,11 @@ metric_list:
 
 
 @needs_lm_eval
-def test_lm_eval_generates_with_an_export_in_left_padded_batches(speedrun_export, tmp_path):
+@EXPORTS
+def test_lm_eval_generates_with_an_export_in_left_padded_batches(export, request, tmp_path):
     """A generation task, its contexts of different lengths in one batch (left-padded by the harness): each
-    continuation is our GPT's greedy one for its context alone, up to the first stop string."""
-    tmp, out_dir, hf_dir, _ = speedrun_export
+    continuation is our model's greedy one for its context alone, up to the first stop string."""
+    tmp, out_dir, hf_dir, _ = request.getfixturevalue(export)
     # the harness's generation needs the tokenizer's end of text, which a character vocabulary lacks: one added to the
     # tokenizer (an id past the model's vocabulary) is also the harness's padding
     shutil.copytree(hf_dir, tmp_path / 'hf')

@@ -2,27 +2,25 @@
 training), scaled down on a CPU: the record's 11 layers 32 wide, rows of 32 characters, a document at each newline.
 It trains, evaluates and checkpoints; a resume repeats the uninterrupted run from a checkpoint taken after an even
 iteration (Adam's gradients, kept for its next step, saved with it) and across the record's batch growth and split;
-sample.py samples from its checkpoint; export_hf.py refuses it in one line, and train.py scores it on HellaSwag.
+sample.py samples from its checkpoint, export_hf.py exports it (transformers computes its logits), and train.py
+scores it on HellaSwag.
 """
 import json
 
 import numpy as np
 import torch
 
-from helpers import EOT, HELLASWAG_EXAMPLES, ROOT, load, logged_losses, patched_env, run_script, tiny_encoding
-from helpers import write_char_dataset, write_jsonl
+from helpers import EOT, HELLASWAG_EXAMPLES, RECORD_2026_ARGS, load, logged_losses, patched_env, run_script
+from helpers import tiny_encoding, write_char_dataset, write_jsonl
 from training import record2026, runs
 from training.checkpoint import save_checkpoint
 from training.hellaswag import evaluate
 
-SCALED_DOWN = [str(ROOT / 'config' / 'speedrun2026_gpt2_12gb.py'), '--dataset=tiny_char', '--n_head=2', '--n_embd=32',
-               '--block_size=32', '--batch_size=2', '--gradient_accumulation_steps=2', '--eval_batch_size=2',
-               '--eval_iters=2', '--doc_token=0', '--device=cpu', '--compile=False', '--dtype=float32',
-               '--log_interval=1']
+
 
 
 def train(data_dir, out_dir, *args):
-    result = run_script('train.py', *SCALED_DOWN, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args)
+    result = run_script('train.py', *RECORD_2026_ARGS, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -34,7 +32,8 @@ def same_weights(a, b):
 def test_the_record_trains_evaluates_checkpoints_and_resumes_exactly(tmp_path):
     """Iterations 0 to 6, evaluated at 0, 3 and 6: the validation loss falls; stopped at 3 and resumed, the same
     losses and weights. The checkpoint at 3 holds the gradients of Adam's parameters from iteration 2. sample.py
-    samples from it; export_hf.py refuses it in one line, hellaswag.py for its characters (not GPT-2's tokens)."""
+    samples from it, export_hf.py exports it; hellaswag.py refuses it in one line, for its characters (not GPT-2's
+    tokens)."""
     data = tmp_path / 'data'
     write_char_dataset(data)
     whole = train(data, tmp_path / 'whole', '--max_iters=6', '--eval_interval=3')
@@ -52,9 +51,17 @@ def test_the_record_trains_evaluates_checkpoints_and_resumes_exactly(tmp_path):
     sampled = run_script('sample.py', f'--out_dir={tmp_path / "split"}', '--device=cpu', '--dtype=float32',
                          '--num_samples=1', '--max_new_tokens=20')
     assert sampled.returncode == 0 and '20 tokens in ' in sampled.stdout, sampled.stderr[-3000:]
-    exported = run_script('export_hf.py', f'--out_dir={tmp_path / "split"}')
-    assert exported.returncode == 2 and "holds a model of gpt2026.py, which export_hf.py does not export" in \
-        exported.stderr and len(exported.stderr.strip().splitlines()) == 1
+    exported = run_script('export_hf.py', f'--out_dir={tmp_path / "split"}', f'--hf_dir={tmp_path / "hf"}')
+    assert exported.returncode == 0 and 'trust_remote_code=True' in exported.stdout, exported.stderr[-3000:]
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # here, not at collection: seconds to import
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / 'hf', trust_remote_code=True)
+    ids = AutoTokenizer.from_pretrained(tmp_path / 'hf', trust_remote_code=True)('First Citizen:\nBefore',
+                                                                                 return_tensors='pt').input_ids
+    saved = load(tmp_path / 'split')  # the resumed run's, at iteration 6
+    model = runs.new_model(saved['model_args'])
+    model.load_state_dict(saved['model'])
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits[:, -1:], model.eval()(ids)[0], atol=1e-5, rtol=0)
     (tmp_path / 'hellaswag.jsonl').write_text(json.dumps(dict(ctx='The cat', endings=['a', 'b', 'c', 'd'], label=0)))
     scored = run_script('hellaswag.py', f'--out_dir={tmp_path / "split"}', '--device=cpu', '--dtype=float32',
                         f'--data_path={tmp_path / "hellaswag.jsonl"}')
@@ -72,7 +79,7 @@ def test_train_py_scores_the_record_on_hellaswag(tmp_path):
     ids.tofile(data / 'bpe' / 'train.bin')
     ids.tofile(data / 'bpe' / 'val.bin')
     write_jsonl(data / 'hellaswag' / 'hellaswag_val.jsonl', HELLASWAG_EXAMPLES)
-    result = run_script('train.py', *SCALED_DOWN, '--dataset=bpe', f'--doc_token={EOT}', f'--data_dir={data}',
+    result = run_script('train.py', *RECORD_2026_ARGS, '--dataset=bpe', f'--doc_token={EOT}', f'--data_dir={data}',
                         f'--out_dir={tmp_path / "out"}', '--hellaswag=True', '--max_iters=2', '--eval_interval=2',
                         env=patched_env('tiny_bpe'))
     assert result.returncode == 0, result.stderr[-3000:]

@@ -222,11 +222,6 @@ def test_what_cannot_be_exported_is_one_line_before_writing(tmp_path):
     assert str(e.value) == ("ckpt.pt has model_args that this model.py does not have: rotary=True, n_expert=8; export "
                             "it with the code that trained it")
     hf.check_exportable({'model_args': {**ARGS, **modern()}}, 'ckpt.pt')  # every option GPTConfig has exports
-    with pytest.raises(ConfigError) as e:  # docs/record_2026.md: why gpt2026.py's model is not exported
-        hf.check_exportable({'model_args': {'model_file': 'gpt2026.py', 'vocab_size': 64}}, 'ckpt.pt')
-    assert str(e.value) == ("ckpt.pt holds a model of gpt2026.py, which export_hf.py does not export: transformers' "
-                            "causal LM gives the logits of every position, which gpt2026.py's forward never makes "
-                            "(docs/record_2026.md); sample from it with sample.py")
     # model_args that disagree with the weights: one line naming them, and no folder
     weights = trained_like_gpt(0, **modern()).state_dict()
     checkpoint = {'model': weights, 'model_args': {**ARGS, **modern(), 'n_layer': 3}}
