@@ -80,8 +80,8 @@ real_data = True # train mode: read data_dir/dataset/train.bin; False: one fixed
 # train mode
 burnin_steps = 10 # training iterations run before the timed ones (compilation and warm-up), not timed
 num_steps = 20 # training iterations timed, after the burn-in
-loss = 'chunked' # the losses to time, comma-separated (LOSSES: chunked_loss.py's, nanoGPT's full logits, torch's chunked
-                 # F.linear_cross_entropy); each with the same model, data and micro-batch
+loss = 'chunked' # the losses to time, comma-separated (LOSSES: chunked_loss.py's, nanoGPT's full logits, torch's
+                 # chunked F.linear_cross_entropy); each with the same model, data and micro-batch
 find_batch_size = False # also find the largest micro-batch each loss trains at, by trying it on the GPU (CUDA only)
 count_ops = False # train mode: instead of timing, the aten operators (kernel launches) of one iteration by part, with
                   # our loss and the naive one in train.py's step and nanoGPT's loop (training/opcount.py); the
@@ -500,7 +500,8 @@ def bench_loss():
 
 def bench_sample():
     """The model's generate (model_file's: GPT's or GPT2026's) from a one-token prompt with its KV cache, and as
-    nanoGPT's (use_cache=False: the whole sequence runs again for each token), each after the same seed: their times, the speed-up, and whether the tokens agree."""
+    nanoGPT's (use_cache=False: the whole sequence runs again for each token), each after the same seed: their times,
+    the speed-up, and whether the tokens agree."""
     model = build_model({**config, **SCRATCH}, model_args()).to(device).eval()
     prompt = torch.zeros((1, 1), dtype=torch.long, device=device)
     crop = getattr(model.config, 'block_size', None) # gpt2026.py's model has none: its windows bound the context

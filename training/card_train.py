@@ -233,8 +233,8 @@ def figures(config, model_args, runs, peak_flops, compiled):
 
 def run_hours(config, row, steps):
     """train.py's run of `config` at the measured rate, in hours: `steps` steps of the timed ones' micro-steps
-    (max_iters, or more where a model file's batch grows: train_hours), and an evaluation every eval_interval (eval_iters
-    x batch_size windows of each split in eval_batch_size micro-batches: eval_hours)."""
+    (max_iters, or more where a model file's batch grows: train_hours), and an evaluation every eval_interval
+    (eval_iters x batch_size windows of each split in eval_batch_size micro-batches: eval_hours)."""
     evaluations = config['max_iters'] // config['eval_interval'] + 1
     rows = config['eval_batch_size'] or config['batch_size']
     micro_batches = 2 * -(-config['eval_iters'] * config['batch_size'] // rows)
