@@ -312,8 +312,8 @@ def folder_config(path, dropout):
         return model_type, GPTConfig(**{**{f.name: saved[f.name] for f in fields(GPTConfig) if f.name in saved},
                                         'dropout': dropout})
     if model_type == RECORD_2026_MODEL_TYPE:
-        raise ConfigError(f"{path} is an export of gpt2026.py's model, which trains from scratch (its record's run): "
-                          f"init_from takes GPT-2-architecture models and exports of model.py's GPT")
+        raise ConfigError(f"{path} is an export of gpt2026.py's model, which init_from does not load (the record "
+                          f"trains from scratch): sample.py and hellaswag.py read its ckpt.pt with --out_dir")
     if model_type != 'gpt2':
         raise ConfigError(f"{config_path} has model_type {model_type!r}: init_from takes GPT-2-architecture "
                           f"models (model_type 'gpt2', e.g. a GPT-2 finetune or distilgpt2) and export_hf.py's "

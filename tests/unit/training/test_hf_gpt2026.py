@@ -119,5 +119,5 @@ def test_what_is_refused_is_one_line(tmp_path):
     assert str(e.value) == ("ckpt.pt has model_args that this gpt2026.py does not have: n_expert=8; export it with "
                             "the code that trained it")
     export(tmp_path, trained_like_gpt2026(tied=True))
-    with pytest.raises(ConfigError, match=r"^\S+ is an export of gpt2026.py's model, which trains from scratch"):
+    with pytest.raises(ConfigError, match=r"^\S+ is an export of gpt2026.py's model, which init_from does not load"):
         pretrained_model(str(tmp_path / 'hf'))
