@@ -169,14 +169,26 @@ def flash_varlen_attn():
 
 def varlen_kernel(device, dtype, head_size, flash_kernel=None, dropout=False):
     """FlashAttention's variable-length kernel where it runs (flash_kernel None: an Ampere or later GPU; True: on any
-    device, as estimate_memory.py traces a CUDA run on a CPU; False: never), else None: it needs bf16 or fp16 (the
-    matrix products' dtype), heads of a multiple of 8 up to 256 wide (SDPA pads other sizes for its kernel, varlen_attn
-    doesn't), no dropout, and a torch that has it."""
+    device, as estimate_memory.py traces a CUDA run on a CPU; False: never), else None (varlen_missing says why)."""
+    return None if varlen_missing(device, dtype, head_size, flash_kernel, dropout) else flash_varlen_attn()
+
+def varlen_missing(device, dtype, head_size, flash_kernel=None, dropout=False):
+    """What FlashAttention's variable-length kernel needs and lacks on `device` (varlen_kernel's arguments), in a few
+    words; None where it runs: an Ampere or later GPU, bf16 or fp16 (the matrix products' dtype), heads of a multiple
+    of 8 up to 256 wide (SDPA pads other sizes for its kernel, varlen_attn doesn't), no dropout, a torch that has it."""
     on_cuda = flash_kernel if flash_kernel is not None else (
         device.type == 'cuda' and torch.cuda.get_device_capability(device) >= (8, 0))
-    heads_fit = head_size % 8 == 0 and head_size <= 256
-    runs = on_cuda and dtype in (torch.bfloat16, torch.float16) and heads_fit and not dropout
-    return flash_varlen_attn() if runs else None
+    if not on_cuda:
+        return 'an Ampere or later GPU'
+    if dtype not in (torch.bfloat16, torch.float16):
+        return 'bf16 or fp16 (--dtype=bfloat16)'
+    if head_size % 8 != 0 or head_size > 256:
+        return 'heads a multiple of 8 wide, up to 256'
+    if dropout:
+        return 'no dropout (--dropout=0)'
+    if flash_varlen_attn() is None: # the last: its import loads the compiler
+        return f'torch 2.12 or later (this one is {torch.__version__})'
+    return None
 
 def segments(starts):
     """(cu_seqlens, longest), as varlen_attn takes them: the offsets of the segments of starts (B, T) flattened, each

@@ -52,14 +52,22 @@ def record_options(config, model_args, flash_kernel=None):
     runs it in config's dtype (flash_kernel None: on an Ampere or later GPU; True: on any device, as the estimator
     traces a CUDA run there) and attention_kernel is not 'masked', over the documents' segments (made once a forward);
     else gpt2026.attend, SDPA under a mask."""
-    kernel = attention.varlen_kernel(torch.device(config['device']), TORCH_DTYPES[config['dtype']],
-                                     model_args['n_embd'] // model_args['n_head'], flash_kernel)
-    kernel_runs = kernel is not None and config['attention_kernel'] != 'masked'
     rows = int(config['loss_chunk_mib'] * 2 ** 20) // (3 * 4 * model_args['vocab_size'])
     options = dict(loss_chunk_rows=max(1, rows), attend=gpt2026.attend)
-    if kernel_runs: # the segments looked up here, when the model is built: the memory estimator's trace replaces them
+    if record_kernel_missing(config, model_args, flash_kernel) is None:
+        # the segments looked up here, when the model is built: the memory estimator's trace replaces them
         options.update(attend=attention.window_document_attention, segments=attention.position_segments)
     return options
+
+
+def record_kernel_missing(config, model_args, flash_kernel=None):
+    """Why GPT2026 runs the masked attention in config's run, in a few words (attention_kernel='masked', or what
+    FlashAttention's variable-length kernel needs and lacks: attention.varlen_missing), or None: the kernel runs."""
+    if config['attention_kernel'] == 'masked':
+        return "attention_kernel='masked'"
+    need = attention.varlen_missing(torch.device(config['device']), TORCH_DTYPES[config['dtype']],
+                                    model_args['n_embd'] // model_args['n_head'], flash_kernel)
+    return None if need is None else f"FlashAttention's variable-length kernel needs {need}"
 
 
 def optimizer_words(config):

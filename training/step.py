@@ -4,7 +4,7 @@ from contextlib import nullcontext
 
 import torch
 
-from attention import flex_kernel_options, flex_probe
+from attention import flex_kernel_options, flex_probe, varlen_missing
 from training import runs
 from training.checkpoint import load_model_state, pretrained_model
 from training.device import TORCH_DTYPES
@@ -52,6 +52,8 @@ def build(config, model_args, device, device_type, checkpoint=None, sharded=Fals
     model = build_model(config, model_args, checkpoint, **options)
     if model.lm_head.weight.device != torch.device(device): # as for the dtype: no to() where it would change nothing
         model.to(device)
+    if torch.device(device).type == 'cuda' and (line := attention_by_position(config, model_args)):
+        print(line)
     if runs.model_file(model_args) == runs.RECORD_2026_FILE: # one process (training.rules), the record's optimizer
         return model, NorMuonAdam(model)
     if torch.device(device).type == 'cuda' and model.flex_runs(torch.device(device)):
@@ -63,6 +65,26 @@ def build(config, model_args, device, device_type, checkpoint=None, sharded=Fals
     if sharded and config['parallelism'] == 'zero1':
         optimizer = shard_optimizer_state(optimizer) # each rank keeps and steps the AdamW state of its share
     return model, optimizer
+
+
+def attention_by_position(config, model_args, flash_kernel=None):
+    """train.py's line on what computes the attention of windows by position and of documents, gpt2026.py's and
+    model.py's without blocks (set_flex_options speaks for windows in blocks): FlashAttention's variable-length
+    kernel, or the masked attention and why; None for a model without either. flash_kernel: varlen_kernel's."""
+    if runs.model_file(model_args) == runs.RECORD_2026_FILE:
+        why = runs.record_kernel_missing(config, model_args, flash_kernel)
+    elif not model_args.get('attn_window_block') and (model_args.get('attn_window') or
+                                                      model_args.get('doc_token', -1) >= 0):
+        dtype = TORCH_DTYPES[config['dtype'] if config['dtype'] != 'float32' else config['weight_dtype']]
+        need = varlen_missing(torch.device(config['device']), dtype, model_args['n_embd'] // model_args['n_head'],
+                              flash_kernel, dropout=config['dropout'] > 0)
+        why = None if need is None else f"FlashAttention's variable-length kernel needs {need}"
+    else:
+        return None
+    what = 'the windows by position and the documents'
+    if why is None:
+        return f"attention: FlashAttention's variable-length kernel for {what}"
+    return f'attention: the masked attention for {what}, slower and larger ({why})'
 
 
 def set_flex_options(model, config, device, properties):

@@ -12,7 +12,7 @@ from training import configurator
 import flex_on_a_cpu
 from helpers import tokens_with_documents
 from model import GPT, GPTConfig
-from training import step
+from training import runs, step
 from training.errors import ConfigError
 
 RTX_3060 = types.SimpleNamespace(shared_memory_per_block_optin=101376)
@@ -81,3 +81,32 @@ def test_attention_kernel_sets_the_models_flex_kernel():
     for key, flex_kernel in (('auto', None), ('flex', True), ('masked', False)):
         built = step.build_model({**config(key), 'n_layer': 2, 'n_head': 2, 'n_embd': 32}, WINDOWED)
         assert built.flex_kernel is flex_kernel
+
+
+def test_the_line_on_windows_by_position_and_documents_says_which_attention_runs_and_why(monkeypatch):
+    """attention_by_position, train.py's line on CUDA (flash_kernel=True: as on an Ampere GPU): FlashAttention's
+    variable-length kernel for gpt2026.py's model and model.py's windows by position or documents, else the masked
+    attention with what the kernel lacks; nothing for windows in blocks (set_flex_options' line) or plain attention."""
+    kernel = "attention: FlashAttention's variable-length kernel for the windows by position and the documents"
+    masked = 'attention: the masked attention for the windows by position and the documents, slower and larger ('
+    record = {**configurator.train_defaults(), 'model_file': 'gpt2026.py', 'n_layer': 11, 'n_head': 6,
+              'n_embd': 768, 'doc_token': 50256, 'dtype': 'bfloat16', 'device': 'cuda'}
+    record_args = runs.record_model_args(record, 64)
+    by_position = dict(WINDOWED, attn_window_block=0)
+    gpt = {**configurator.train_defaults(), 'dtype': 'bfloat16', 'dropout': 0.0, 'device': 'cuda'}
+    line = step.attention_by_position
+    assert line(record, record_args, flash_kernel=True) == kernel
+    assert line(gpt, by_position, flash_kernel=True) == kernel
+    assert line(gpt, dict(by_position, attn_window=0), flash_kernel=True) == kernel  # documents alone
+    assert line(gpt, WINDOWED, flash_kernel=True) is None
+    assert line(gpt, dict(by_position, attn_window=0, doc_token=-1), flash_kernel=True) is None
+    assert line({**record, 'attention_kernel': 'masked'}, record_args, flash_kernel=True) == \
+        masked + "attention_kernel='masked')"
+    needs = masked + "FlashAttention's variable-length kernel needs "
+    assert line({**record, 'dtype': 'float32'}, record_args, flash_kernel=True) == \
+        needs + 'bf16 or fp16 (--dtype=bfloat16))'
+    assert line({**gpt, 'dropout': 0.1}, by_position, flash_kernel=True) == needs + 'no dropout (--dropout=0))'
+    assert line(record, record_args, flash_kernel=False) == needs + 'an Ampere or later GPU)'
+    monkeypatch.setattr(attention, 'flash_varlen_attn', lambda: None)  # torch before 2.12: no window in varlen_attn
+    torch_needed = f'torch 2.12 or later (this one is {torch.__version__}))'
+    assert line(record, record_args, flash_kernel=True) == needs + torch_needed
