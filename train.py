@@ -353,7 +353,7 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 if init_from == 'resume':
     # the optimizer's state, the GradScaler's and each rank's RNG: what an exact resume needs beyond the weights
     restore_training_state(checkpoint, optimizer, scaler, config, ddp_rank, ddp_world_size, device)
-    restore_pending_gradients(raw_model, checkpoint)
+    restore_pending_gradients(raw_model, checkpoint, ddp_world_size)
 checkpoint = None # free up memory
 saved_iter = iter_num if init_from == 'resume' else None # the iteration ckpt.pt holds, for Ctrl-C's line
 
@@ -375,8 +375,10 @@ if compile:
     dynamo.cache_size_limit = max(dynamo.cache_size_limit, run.compiled_variants())
     model = torch.compile(model) # requires PyTorch 2.0
 
-# wrap model into DDP container (fsdp's sharding is done: before the optimizer, which must see the shards)
-if ddp and parallelism != 'fsdp':
+# wrap model into DDP container (fsdp's sharding is done: before the optimizer, which must see the shards); gpt2026.py's
+# optimizer sums the gradients over the ranks itself, as the record's does
+gradient_sync = ddp and not run.optimizer_sums_gradients
+if gradient_sync and parallelism != 'fsdp':
     model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
 
 # helps estimate an arbitrarily accurate loss over either split using many batches: eval_iters x batch_size windows,
@@ -518,7 +520,8 @@ while True:
                         'config': config,
                         'scaler': scaler.state_dict(),
                         'rng_states': rng_states,
-                        'pending_gradients': pending_gradients(raw_model), # gpt2026.py's Adam's, after an even iter
+                        # gpt2026.py's Adam's, after an even iter
+                        'pending_gradients': pending_gradients(raw_model, ddp_world_size),
                     }, out_dir)
                 saved_iter = iter_num
                 model_state = optimizer_state = None # free the gathered copies before training goes on
@@ -530,7 +533,8 @@ while True:
     phases.enter('step', iter_num)
     micro_steps = run.micro_steps(iter_num) // ddp_world_size # gpt2026.py's grow with the record's batch
     loss_sum, grad_norm = train_step(model, optimizer, batches, micro_steps, ctx, scaler, grad_clip,
-                                     set_sync if ddp else None, run.forward_args(iter_num), run.gradient_scale)
+                                     set_sync if gradient_sync else None, run.forward_args(iter_num),
+                                     run.gradient_scale)
     run.end_step(iter_num) # gpt2026.py's embedding splits from its head at two thirds
     tokens_per_iter = micro_steps * ddp_world_size * batch_size * block_size
 

@@ -140,18 +140,21 @@ def restore_training_state(checkpoint, optimizer, scaler, config, rank, world_si
               f"dropout randomness restarts from the seed")
 
 
-def pending_gradients(model):
+def pending_gradients(model, world_size=1):
     """{parameter name: gradient} of the gradients `model` holds between iterations: those its optimizer keeps for its
     next step (gpt2026.py's Adam, stepped every other step on two steps' gradients); none for model.py's optimizers,
-    which free every gradient. An exact resume needs them."""
-    return {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+    which free every gradient. An exact resume needs them. Under torchrun each of world_size processes holds a
+    1/world_size share of their sum (record2026.sum_over_processes): the sum is saved (in the host's memory, not the
+    GPU's), so that any number of processes resumes it."""
+    return {name: p.grad if world_size == 1 else p.grad.cpu().mul_(world_size)
+            for name, p in model.named_parameters() if p.grad is not None}
 
 
-def restore_pending_gradients(model, checkpoint):
-    """The gradients pending_gradients saved, back on model's parameters."""
+def restore_pending_gradients(model, checkpoint, world_size=1):
+    """The gradients pending_gradients saved, back on model's parameters: each of world_size processes its share."""
     parameters = dict(model.named_parameters())
     for name, grad in checkpoint.get('pending_gradients', {}).items():
-        parameters[name].grad = grad.to(parameters[name])
+        parameters[name].grad = grad.to(parameters[name]).div_(world_size)
 
 
 def pretrained_model(init_from, dropout=0.0, **options):

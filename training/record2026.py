@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 # the record's Hyperparameters
 SCHEDULED_ITERATIONS = 1560  # the lr, window and batch-size schedules run over these steps
@@ -199,6 +200,9 @@ class NorMuonAdam(torch.optim.Optimizer):
     whether Adam steps; zero_grad() then keeps the gradients of the parameters the step left alone, so that Adam's
     next step takes the sum of two steps' gradients, as the record's. While the model's embedding is tied, wte has
     no gradient and is not stepped: split_embedding gives it the head's weight and Adam state.
+    Under torchrun each process holds the whole model and optimizer, and step() first sums the gradients over the
+    processes (each one's are its micro-batches'), as the record's optimizer reduces them itself: no DDP wrapper,
+    whose reduction would wait for wte's gradient while it has none (sum_over_processes).
     orthogonalization_dtype: Polar Express's (the record's bf16; None: the weights')."""
 
     def __init__(self, model, orthogonalization_dtype=torch.bfloat16):
@@ -229,6 +233,7 @@ class NorMuonAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self):
+        sum_over_processes(self)
         for group in self.stepped_groups():
             for p in group['params']:
                 if p.grad is None:
@@ -263,6 +268,29 @@ class NorMuonAdam(torch.optim.Optimizer):
                     p.grad = None
                 elif p.grad is not None:
                     p.grad.zero_()
+
+
+def world_size():
+    """The processes of torch.distributed's default group (1 without one)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+@torch.no_grad()
+def sum_over_processes(optimizer):
+    """Every gradient summed over the processes (a collective, in step: every process calls it); those this step
+    leaves to Adam's next then divided by the world size, so that the next step's sum, which they join with the
+    next micro-batches', counts them once. Nothing with one process."""
+    world = world_size()
+    if world == 1:
+        return
+    stepped = {id(p) for group in optimizer.stepped_groups() for p in group['params']}
+    grads = [(p.grad, id(p) in stepped) for group in optimizer.param_groups for p in group['params']
+             if p.grad is not None]
+    for work in [dist.all_reduce(grad, async_op=True) for grad, _ in grads]:
+        work.wait()
+    for grad, taken in grads:
+        if not taken:
+            grad.div_(world)
 
 
 @torch.no_grad()

@@ -97,10 +97,10 @@ def check_config(config, world_size, device_type):
 
 
 def check_record_2026(config, world_size):
-    """ConfigError for a model_file='gpt2026.py' run that the record's model and training cannot take: one process
-    (its embedding, unused until the split, would stall DDP), the record's 11 layers, heads that pair, documents to
-    read, bf16 or fp32 (fp16's GradScaler would unscale the gradients Adam keeps between steps twice), at most the
-    record's 1,600 steps (its schedules end there), and no key of model.py's model or training."""
+    """ConfigError for a model_file='gpt2026.py' run that the record's model and training cannot take: under
+    torchrun parallelism='ddp' alone (its optimizer whole on each process), the record's 11 layers, heads that pair,
+    documents to read, bf16 or fp32 (fp16's GradScaler would unscale the gradients Adam keeps between steps twice),
+    at most the record's 1,600 steps (its schedules end there), and no key of model.py's model or training."""
     record = f"model_file='{runs.RECORD_2026_FILE}'"
     defaults = train_defaults()
     changed = [key for key in MODEL_PY_KEYS if config[key] != defaults[key]]
@@ -111,7 +111,9 @@ def check_record_2026(config, world_size):
     n_layer, head_size = len(gpt2026.RECORD_LAYERS), config['n_embd'] // config['n_head']
     gates = gpt2026.GPT2026Config.gate_inputs
     checks = [
-        (world_size == 1, f'{record} trains in one process, not {world_size}: run it without torchrun'),
+        (world_size == 1 or config['parallelism'] == 'ddp',
+         f"parallelism={config['parallelism']!r} shards model.py's optimizer or weights; {record} keeps the record's "
+         f"optimizer whole on each process: use --parallelism=ddp"),
         (config['n_layer'] == n_layer, f"n_layer={config['n_layer']}: {record} has the record's {n_layer} layers: "
                                        f"use --n_layer={n_layer}"),
         (config['n_head'] % 2 == 0 and config['n_embd'] == config['n_head'] * head_size and head_size % 4 == 0,

@@ -7,6 +7,8 @@ iteration through a run's methods, the same for both:
     run.micro_steps(it) micro-batches, each model(X, Y, **run.forward_args(it)) with its loss's backward scaled by
     run.gradient_scale (None: 1 / the micro-steps), then the optimizer's step
     run.end_step(it)  # gpt2026.py's embedding split from its head after the update of SPLIT_STEP
+Under torchrun, model.py's gradients are summed over the ranks by DDP (or fsdp), gpt2026.py's by its optimizer
+(optimizer_sums_gradients).
 """
 import numpy as np
 import torch
@@ -77,10 +79,14 @@ def optimizer_words(config):
     return describe(config['optim'], config['optimizer_in_backward'])
 
 
+def run_class(config):
+    """The class of the runs of config's model file: GPTRun or GPT2026Run."""
+    return GPT2026Run if config['model_file'] == RECORD_2026_FILE else GPTRun
+
+
 def make_run(config, model, optimizer):
     """The run of config's model file, stepping `model` (unwrapped) with `optimizer`."""
-    run = GPT2026Run if config['model_file'] == RECORD_2026_FILE else GPTRun
-    return run(config, model, optimizer)
+    return run_class(config)(config, model, optimizer)
 
 
 class GPTRun:
@@ -88,6 +94,7 @@ class GPTRun:
     momentum, the sliding window of attn_window (growing over attn_window_warmup_iters), gradient_accumulation_steps
     micro-steps an iteration, each loss a mean, its backward scaled by 1 / the micro-steps."""
     gradient_scale = None
+    optimizer_sums_gradients = False  # under torchrun DDP (or fsdp) sums them in backward
 
     def __init__(self, config, model, optimizer):
         self.config, self.model, self.optimizer = config, model, optimizer
@@ -146,6 +153,7 @@ class GPT2026Run:
     gradient_accumulation_steps over the first third and grow with the record's batch (x2, then x3) at the same
     micro-batch; each micro-batch's summed loss is scaled by GRADIENT_SCALE (the forward's mean times the micro-batch's
     tokens, so that the logged loss is per position); after SPLIT_STEP's update the embedding splits from the head."""
+    optimizer_sums_gradients = True  # NorMuonAdam, under torchrun: no DDP wrapper (record2026.sum_over_processes)
     def __init__(self, config, model, optimizer):
         self.config, self.model, self.optimizer = config, model, optimizer
         # the iterations the memory estimator traces: the largest stage's first two, at the last batch size, where

@@ -3,15 +3,15 @@ training), scaled down on a CPU: the record's 11 layers 32 wide, rows of 32 char
 It trains, evaluates and checkpoints; a resume repeats the uninterrupted run from a checkpoint taken after an even
 iteration (Adam's gradients, kept for its next step, saved with it) and across the record's batch growth and split;
 sample.py samples from its checkpoint, export_hf.py exports it (transformers computes its logits), and train.py
-scores it on HellaSwag.
+scores it on HellaSwag; under torchrun two processes train as one.
 """
 import json
 
 import numpy as np
 import torch
 
-from helpers import EOT, HELLASWAG_EXAMPLES, RECORD_2026_ARGS, load, logged_losses, patched_env, run_script
-from helpers import tiny_encoding, write_char_dataset, write_jsonl
+from helpers import EOT, HELLASWAG_EXAMPLES, RECORD_2026_ARGS, assert_same_losses, load, logged_losses, patched_env
+from helpers import run_script, tiny_encoding, torchrun, write_char_dataset, write_jsonl
 from training import record2026, runs
 from training.checkpoint import save_checkpoint
 from training.hellaswag import evaluate
@@ -94,16 +94,23 @@ def test_train_py_scores_the_record_on_hellaswag(tmp_path):
                         f"({len(HELLASWAG_EXAMPLES)} examples)")
 
 
-def test_resume_across_the_batch_growth_and_the_split_repeats_the_run(tmp_path):
-    """A short run's checkpoint set to iteration 1,039 (what counts here is the schedule) resumed to 1,044: through
-    the last batch size from 1,040 and the split after 1,041, with a checkpoint at 1,041 between (Adam's gradients of
-    1,040 pending) as without: the same losses and weights; the embedding its own after the split, with Adam's state."""
+def checkpoints_before_the_split(tmp_path, *names):
+    """(the character dataset's folder, a checkpoint): a 2-iteration run's checkpoint set to iteration 1,039 (what
+    counts here is the schedule), saved in each of tmp_path's folders `names`."""
     data = tmp_path / 'data'
     write_char_dataset(data)
     train(data, tmp_path / 'start', '--max_iters=2', '--eval_interval=2')
     checkpoint = load(tmp_path / 'start')
-    for name in ('whole', 'split'):
+    for name in names:
         save_checkpoint({**checkpoint, 'iter_num': record2026.SPLIT_STEP - 2}, str(tmp_path / name))
+    return data, checkpoint
+
+
+def test_resume_across_the_batch_growth_and_the_split_repeats_the_run(tmp_path):
+    """A short run's checkpoint set to iteration 1,039 (what counts here is the schedule) resumed to 1,044: through
+    the last batch size from 1,040 and the split after 1,041, with a checkpoint at 1,041 between (Adam's gradients of
+    1,040 pending) as without: the same losses and weights; the embedding its own after the split, with Adam's state."""
+    data, checkpoint = checkpoints_before_the_split(tmp_path, 'whole', 'split')
     whole = train(data, tmp_path / 'whole', '--init_from=resume', '--max_iters=1044', '--eval_interval=3')
     train(data, tmp_path / 'split', '--init_from=resume', '--max_iters=1041', '--eval_interval=3')
     assert load(tmp_path / 'split')['pending_gradients']
@@ -116,3 +123,21 @@ def test_resume_across_the_batch_growth_and_the_split_repeats_the_run(tmp_path):
     assert not after['model']['_extra_state']['embedding_tied']
     assert not torch.equal(after['model']['transformer.wte.weight'], after['model']['lm_head.weight'])
     assert len(after['optimizer']['state']) == len(checkpoint['optimizer']['state']) + 1  # the embedding's Adam
+
+
+def test_two_processes_train_as_one_across_the_batch_growth_and_the_split(tmp_path):
+    """torchrun, 2 processes (gloo), each the whole model and the record's optimizer, which sums their gradients:
+    from a checkpoint set to iteration 1,039, through the last batch size from 1,040 (3 micro-steps a process) and
+    the split after 1,041, the losses of one process at the same global batch; its checkpoint at 1,041 (Adam's
+    gradients of 1,040 pending, their sum over the processes) resumed by one process repeats the uninterrupted run."""
+    data, _ = checkpoints_before_the_split(tmp_path, 'single', 'double')
+    single = train(data, tmp_path / 'single', '--init_from=resume', '--max_iters=1044', '--eval_interval=3')
+    double = torchrun(*RECORD_2026_ARGS, f'--data_dir={data}', f'--out_dir={tmp_path / "double"}',
+                      '--init_from=resume', '--max_iters=1041', '--eval_interval=3')
+    assert double.returncode == 0, double.stderr[-3000:]
+    assert_same_losses(double.stdout, single.stdout, 'iter', range(1039, 1042))
+    assert_same_losses(double.stdout, single.stdout, 'step', (1041,))
+    assert load(tmp_path / 'double')['pending_gradients']
+    resumed = train(data, tmp_path / 'double', '--init_from=resume', '--max_iters=1044', '--eval_interval=3')
+    assert_same_losses(resumed.stdout, single.stdout, 'iter', range(1041, 1045))
+    assert_same_losses(resumed.stdout, single.stdout, 'step', (1041, 1044))

@@ -250,8 +250,10 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
         model, optimizer = build(config, 'cpu', device_type, mesh, **attention_kernels(config, device_type),
                                  loss_fn=tracer.traced_loss(LOSS_FUNCTIONS[loss]))
         tracer.watch(model, local_optimizer(optimizer))
-        if config['world_size'] > 1 and config['parallelism'] != 'fsdp':
-            # DDP (zero1 too) copies the gradients to buckets of their own (gradient_as_bucket_view=False)
+        if (config['world_size'] > 1 and config['parallelism'] != 'fsdp'
+                and not runs.run_class(config).optimizer_sums_gradients):
+            # DDP (zero1 too) copies the gradients to buckets of their own (gradient_as_bucket_view=False); gpt2026.py's
+            # optimizer sums them in place
             buckets = torch.empty(sum(p.numel() for p in model.parameters()), dtype=torch.float32)
             tracer.retag(buckets, 'ddp_gradient_buckets')
         tracer.reset_peak()

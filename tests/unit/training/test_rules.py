@@ -225,8 +225,11 @@ def test_a_record_run_refuses_what_its_model_and_training_cannot_take(record, ov
     with pytest.raises(ConfigError) as e:
         rules.check_config({**record, **overrides}, 1, 'cpu')
     assert message in str(e.value) and '\n' not in str(e.value)
-    with pytest.raises(ConfigError, match="trains in one process, not 2: run it without torchrun"):
-        rules.check_config({**record, 'gradient_accumulation_steps': 2}, 2, 'cpu')
+    rules.check_config({**record, 'gradient_accumulation_steps': 2}, 2, 'cpu')  # torchrun, parallelism='ddp'
+    for parallelism in ('zero1', 'fsdp'):
+        with pytest.raises(ConfigError, match=f"parallelism='{parallelism}' shards model.py's optimizer or weights; "
+                                              f"model_file='gpt2026.py' keeps the record's optimizer whole"):
+            rules.check_config({**record, 'gradient_accumulation_steps': 2, 'parallelism': parallelism}, 2, 'cpu')
 
 
 def test_the_model_file_is_in_a_record_models_args_and_resume_takes_the_checkpoints(record):
