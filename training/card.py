@@ -14,8 +14,9 @@ as a train.py run would), in this order:
 Coverage accumulates. Each result keeps a fingerprint of the files that made it: the training code (train.py,
 model.py, attention.py, gpt2026.py, chunked_loss.py and training/ but for the card's own modules), the card
 module that measured it (PART_FILES) and the configs it ran. Given the report of an earlier run on the same GPU and
-torch (card_report), the card measures only the parts that it lacks, then those a time limit stopped, then the stale
-ones (whose fingerprint changed: kept, and marked so, until measured again). A preset that this machine cannot run
+torch (card_report), the card measures only the parts that it lacks (a stale part whose attempt failed lacks its
+result), then those a time limit stopped, then the stale ones (whose fingerprint changed: kept, and marked so, until
+measured again). A preset that this machine cannot run
 (train.py's own checks: torchao for 8-bit AdamW, an Ampere GPU for bf16 weights) is skipped with that line and tried
 again in a later run. Each part is stopped at card_preset_seconds, and the card at card_seconds: the part then running
 is stopped (its row says so, and a later run retries it), and the parts not started are left to a later run.
@@ -88,7 +89,9 @@ def fingerprint(code, kind, preset=None):
 def state(entry, current):
     """Where a part's result stands: NEVER measured, STOPPED by a time limit, STALE (made by other code or another
     preset file; an entry of an earlier card has no fingerprint), or None: measured, and current. Marks it stale or
-    not, for the report."""
+    not, for the report. A stale part whose attempt failed (an error other than a preset's out-of-memory FAIL, which
+    is a result) has nothing to keep: NEVER, so that the fix of what failed is tried first. Current, it stands: the
+    same code would fail again."""
     if entry is None:
         return NEVER
     if 'stopped' in entry:
@@ -96,7 +99,7 @@ def state(entry, current):
     entry.pop('stale', None)
     if entry.get('fingerprint') != current:
         entry['stale'] = True
-        return STALE
+        return NEVER if 'error' in entry and entry.get('fits') is not False else STALE
     return None
 
 

@@ -302,6 +302,29 @@ def test_never_measured_parts_come_first_then_stopped_ones_then_stale_ones(child
     assert not any('stale' in row for row in done['presets']) and STALE not in (tmp_path / 'card.md').read_text()
 
 
+def test_a_stale_part_whose_attempt_failed_comes_with_the_never_measured_ones_and_a_fail_stays_stale(children,
+                                                                                                     tmp_path):
+    """A part that failed (an error) has nothing to keep: once the code changed, it goes first, with the parts never
+    measured; an out-of-memory FAIL is a result, stale like the others; with the same code a failed part stands."""
+    report = tmp_path / 'card'
+    card.run('cpu', 'cpu', [SPEEDRUN, 'train_gpt2_4gb.py'], report=report, progress=lambda line: None)
+    saved = json.loads((tmp_path / 'card.json').read_text())
+    speedrun, fail = saved['presets']
+    speedrun.update(phase_reached='starting', fits=None, error='ValueError: Expected a torch.device with a specified '
+                                                              'index or an integer, but got:cuda')
+    fail.update(phase_reached='evaluation', fits=False, error='torch.OutOfMemoryError: CUDA out of memory.',
+                fingerprint='made by other code')
+    saved['profile']['fingerprint'] = 'made by other code'
+    (tmp_path / 'card.json').write_text(json.dumps(saved))
+    paths = [SPEEDRUN, 'train_gpt2_4gb.py', 'train_gpt2_6gb.py']
+    waiting = card.run('cpu', 'cpu', paths, seconds=0, report=report, progress=lambda line: None)
+    assert waiting['runs'][-1]['left'] == ['train_gpt2_6gb.py', 'train_gpt2_4gb.py', 'profile']  # the error: current
+    speedrun['fingerprint'] = 'made by other code'
+    (tmp_path / 'card.json').write_text(json.dumps(saved))
+    waiting = card.run('cpu', 'cpu', paths, seconds=0, report=report, progress=lambda line: None)
+    assert waiting['runs'][-1]['left'] == [SPEEDRUN, 'train_gpt2_6gb.py', 'train_gpt2_4gb.py', 'profile']
+
+
 def test_a_stale_result_stays_where_its_new_attempt_is_stopped_and_the_card_ends_at_card_seconds(children, tmp_path):
     calls, stopped, _, limits = children
     report = tmp_path / 'card'
