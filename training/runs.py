@@ -154,6 +154,7 @@ class GPT2026Run:
     micro-batch; each micro-batch's summed loss is scaled by GRADIENT_SCALE (the forward's mean times the micro-batch's
     tokens, so that the logged loss is per position); after SPLIT_STEP's update the embedding splits from the head."""
     optimizer_sums_gradients = True  # NorMuonAdam, under torchrun: no DDP wrapper (record2026.sum_over_processes)
+
     def __init__(self, config, model, optimizer):
         self.config, self.model, self.optimizer = config, model, optimizer
         # the iterations the memory estimator traces: the largest stage's first two, at the last batch size, where

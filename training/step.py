@@ -54,7 +54,7 @@ def build(config, model_args, device, device_type, checkpoint=None, sharded=Fals
         model.to(device)
     if torch.device(device).type == 'cuda' and (line := attention_by_position(config, model_args)):
         print(line)
-    if runs.model_file(model_args) == runs.RECORD_2026_FILE: # one process (training.rules), the record's optimizer
+    if runs.model_file(model_args) == runs.RECORD_2026_FILE: # the record's optimizer, whole on each process
         return model, NorMuonAdam(model)
     if torch.device(device).type == 'cuda' and model.flex_runs(torch.device(device)):
         set_flex_options(model, config, device, torch.cuda.get_device_properties(device))
