@@ -76,13 +76,16 @@ def report(config, result):
     card = (f"a {config['gpu_memory_gb']:g} GB card ({gib(result['gpu_memory_bytes'])}, "
             f"{gib(result['headroom_bytes'])} of it left free: --gpu_headroom_gb)")
     hint = ' or --ladder' if result['activation_checkpointing'] else ', --activation_checkpointing=True or --ladder'
+    record = config['model_file'] == runs.RECORD_2026_FILE  # its training is the record's: no lever of model.py's
+    fix = ('a smaller --block_size, with more --gradient_accumulation_steps for the same tokens a step '
+           "(model.py's memory levers do not apply to gpt2026.py's record)" if record else f'--find_batch_size{hint}')
     if result['fits']:
         lines.append(f'verdict: fits {card}, {gib(budget - needed)} to spare')
     elif result['total_bytes'] <= budget:
         lines.append(f'verdict: training fits {card} but evaluation does NOT, {gib(needed - budget)} over: '
                      f'lower --eval_batch_size')
     else:
-        lines.append(f'verdict: does NOT fit {card}, {gib(needed - budget)} over: try --find_batch_size{hint}')
+        lines.append(f'verdict: does NOT fit {card}, {gib(needed - budget)} over: try {fix}')
     if config['compile']:
         lines.append('note: traced in eager mode; torch.compile usually needs a little less activation memory')
     if config['dtype'] == 'float16':
@@ -120,7 +123,8 @@ def report(config, result):
                          f"the last, {last['rung']}, needs {gib(last['batch_1_total_bytes'])} at micro-batch 1: with "
                          f"nothing else on the GPU, --gpu_headroom_gb=0 fits it")
         else:
-            lines.append('ladder: no rung fits this card: a smaller model or block_size, or several GPUs (fsdp)')
+            lines.append('ladder: no rung fits this card: a smaller model or block_size'
+                         + ('' if record else ', or several GPUs (fsdp)'))
     for phase in ('train', 'eval') if 'measured' in result else ():
         measured = result['measured']
         lines.append(f"measured on {measured['device']}, {phase}: max_memory_allocated "

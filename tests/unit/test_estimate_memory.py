@@ -152,3 +152,20 @@ def test_a_ladder_that_fits_only_without_the_headroom_says_so(tiny):
         ladder = [dict(rung, batch_1_total_bytes=int(need_gb * GIB)), dict(rung, rung='skipped', skipped='refused')]
         text = estimate_memory.report(config, {**result, 'fits': False, 'ladder': ladder})
         assert text.splitlines()[-1] == last_line
+
+
+def test_a_record_model_that_does_not_fit_is_told_what_applies_to_it(tiny):
+    """gpt2026.py's training is the record's: not model.py's levers (activation checkpointing, fsdp), but rows of
+    fewer tokens in more micro-steps."""
+    config = {**tiny, 'n_layer': 1, 'gradient_accumulation_steps': 1, 'gpu_memory_gb': 2.0}
+    result = fit.estimate(config)
+    over = {**result, 'fits': False, 'total_bytes': result['budget_bytes'] + GIB}
+    ladder = [dict(rung='as configured', cost='', levers={}, fits=False, skipped=None, batch_1_total_bytes=3 * GIB)]
+    for model_file, verdict, last in (
+            ('model.py', 'try --find_batch_size, --activation_checkpointing=True or --ladder',
+             ', or several GPUs (fsdp)'),
+            ('gpt2026.py', "try a smaller --block_size, with more --gradient_accumulation_steps for the same tokens a "
+                           "step (model.py's memory levers do not apply to gpt2026.py's record)", '')):
+        lines = estimate_memory.report({**config, 'model_file': model_file}, {**over, 'ladder': ladder}).splitlines()
+        assert [line for line in lines if line.startswith('verdict: ')][0].endswith(f'1.00 GiB over: {verdict}')
+        assert lines[-1] == 'ladder: no rung fits this card: a smaller model or block_size' + last
