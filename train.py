@@ -472,7 +472,8 @@ def oom_message(e):
     stats = cuda_memory_stats(device, memory_cap_gb) if device_type == 'cuda' else None
     phase, rows = ('training', batch_size) if raw_model.training else ('evaluation', eval_batch_size or batch_size)
     advice = oom_advice(phase, rows, gradient_accumulation_steps * ddp_world_size, ddp_world_size,
-                        activation_checkpointing, stats, fixed_memory if stats else 0, optimizer_in_backward)
+                        activation_checkpointing, stats, fixed_memory if stats else 0, optimizer_in_backward,
+                        checkpointing_possible=model_file == 'model.py') # gpt2026.py's record has none
     return advice, dict(every_rank=True)
 on_error(torch.OutOfMemoryError, oom_message)
 

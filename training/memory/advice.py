@@ -39,12 +39,13 @@ def resplit(batch_size, gradient_accumulation_steps, world_size, largest):
 
 
 def oom_advice(phase, batch_size, gradient_accumulation_steps, world_size, activation_checkpointing, stats=None,
-               fixed=0, optimizer_in_backward=False):
+               fixed=0, optimizer_in_backward=False, checkpointing_possible=True):
     """The message for an out-of-memory error in `phase` ('training' or 'evaluation').
 
     batch_size is the micro-batch of that phase (eval_batch_size for evaluation); gradient_accumulation_steps and
     world_size are the configured (global) values. stats: cuda_memory_stats(), or None where there are none (cpu).
-    With optimizer_in_backward, which cannot accumulate, a smaller micro-batch is a smaller step."""
+    With optimizer_in_backward, which cannot accumulate, a smaller micro-batch is a smaller step.
+    checkpointing_possible: whether the run has activation checkpointing (model.py's GPT; gpt2026.py's record not)."""
     lines = [f'out of memory during {phase} at micro-batch {batch_size}.']
     if stats is not None:
         lines.append(f"memory: allocated {stats['allocated'] / GIB:.2f} GiB, reserved {stats['reserved'] / GIB:.2f} "
@@ -66,9 +67,10 @@ def oom_advice(phase, batch_size, gradient_accumulation_steps, world_size, activ
         batch, accumulation = resplit(batch_size, gradient_accumulation_steps, world_size, fit)
         steps.append(f'--batch_size={batch} --gradient_accumulation_steps={accumulation} (at least the same tokens '
                      f'per step)')
-    if not activation_checkpointing:
+    if not activation_checkpointing and checkpointing_possible:
         steps.append("--activation_checkpointing=True (recomputes each block's forward in backward)")
     if not steps:
-        steps.append('a smaller block_size or model: batch 1 with activation checkpointing does not fit')
+        checkpointed = ' with activation checkpointing' if checkpointing_possible else ''
+        steps.append(f'a smaller block_size or model: batch 1{checkpointed} does not fit')
     lines.append('next step: ' + ', or '.join(steps))
     return '\n'.join(lines)

@@ -47,3 +47,8 @@ def test_oom_advice_scales_the_batch_and_keeps_tokens():
     assert resplit(8, 64, 2, 12) == (12, 44)  # 512 samples: 44 micro-steps of 12 (528, 22 a process), not 64 of 8
     done = oom_advice('training', 1, 8, 1, True, stats, fixed=2 * GIB)
     assert '--batch_size' not in done and 'smaller block_size or model' in done
+    # gpt2026.py's record: no activation checkpointing to turn on
+    record = oom_advice('training', 1, 32, 1, False, stats, fixed=2 * GIB, checkpointing_possible=False)
+    assert record.splitlines()[-1] == 'next step: a smaller block_size or model: batch 1 does not fit'
+    assert '--activation_checkpointing' not in oom_advice('training', 2, 32, 1, False, stats, fixed=2 * GIB,
+                                                          checkpointing_possible=False)
