@@ -132,6 +132,10 @@ if LOSSES['torch'] is None and 'torch' in loss_names:
 if 'torch' in loss_names and config['logit_softcap']:
     raise ConfigError(f"loss=torch has no logit soft-capping: use --loss=chunked,naive with "
                       f"logit_softcap={config['logit_softcap']}, or --logit_softcap=0")
+if config['mode'] == 'train' and config['model_file'] != 'model.py': # its own loss and the record's schedule
+    raise ConfigError(f"bench.py's train mode times model.py's GPT with each --loss; model_file="
+                      f"{config['model_file']!r} is timed in train.py itself: python bench.py --mode=card "
+                      f"--card_presets=speedrun2026_gpt2_12gb, or train.py's log (tok/s, MFU)")
 if config['mode'] == 'card' and config['card_steps'] < 1:
     raise ConfigError(f"card_steps={config['card_steps']} must be at least 1: the timed steps of each preset")
 if config['find_batch_size'] and device_type != 'cuda':

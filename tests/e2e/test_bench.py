@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import patched_env, run_script
+from helpers import ROOT, patched_env, run_script
 from training import card_checks
 from training.card_measure import SPEEDRUN
 
@@ -250,3 +250,14 @@ def test_card_mode_refuses_an_unknown_preset_and_no_timed_steps_in_one_line(tmp_
     result = run_script('bench.py', '--mode=card', '--device=cpu', f'--card_report={tmp_path / "card"}', *args)
     assert result.returncode == 2 and result.stderr.startswith(message) and result.stderr.count('\n') == 1
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize('args', [[], ['--count_ops=True']], ids=['timed', 'operators counted'])
+def test_train_mode_refuses_the_2026_record_in_one_line_naming_what_times_it(args):
+    """Its train mode compares model.py's losses; gpt2026.py's has its own loss and needs the record's schedule, which
+    train.py runs: the card times it there."""
+    result = run_script('bench.py', str(ROOT / 'config' / 'speedrun2026_gpt2_12gb.py'), '--device=cpu',
+                        '--real_data=False', *args)
+    assert result.returncode == 2 and result.stderr.count('\n') == 1
+    assert result.stderr.startswith("error: bench.py's train mode times model.py's GPT with each --loss; model_file="
+                                    "'gpt2026.py' is timed in train.py itself: python bench.py --mode=card ")
