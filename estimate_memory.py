@@ -76,9 +76,10 @@ def report(config, result):
     card = (f"a {config['gpu_memory_gb']:g} GB card ({gib(result['gpu_memory_bytes'])}, "
             f"{gib(result['headroom_bytes'])} of it left free: --gpu_headroom_gb)")
     hint = ' or --ladder' if result['activation_checkpointing'] else ', --activation_checkpointing=True or --ladder'
-    record = config['model_file'] == runs.RECORD_2026_FILE  # its training is the record's: no lever of model.py's
-    fix = ('a smaller --block_size, with more --gradient_accumulation_steps for the same tokens a step '
-           "(model.py's memory levers do not apply to gpt2026.py's record)" if record else f'--find_batch_size{hint}')
+    levers = runs.has_activation_checkpointing(config)  # model.py's; gpt2026.py's training is the record's
+    fix = f'--find_batch_size{hint}' if levers else (
+        "a smaller --block_size, with more --gradient_accumulation_steps for the same tokens a step (model.py's "
+        "memory levers do not apply to gpt2026.py's record)")
     if result['fits']:
         lines.append(f'verdict: fits {card}, {gib(budget - needed)} to spare')
     elif result['total_bytes'] <= budget:
@@ -124,7 +125,7 @@ def report(config, result):
                          f"nothing else on the GPU, --gpu_headroom_gb=0 fits it")
         else:
             lines.append('ladder: no rung fits this card: a smaller model or block_size'
-                         + ('' if record else ', or several GPUs (fsdp)'))
+                         + (', or several GPUs (fsdp)' if levers else ''))
     for phase in ('train', 'eval') if 'measured' in result else ():
         measured = result['measured']
         lines.append(f"measured on {measured['device']}, {phase}: max_memory_allocated "

@@ -55,7 +55,7 @@ from training.memory.floor import check_floor, training_floor
 from training.paths import check_writable_dir
 from training.parallel import collective_failure, exit_with_launcher, full_state_dicts, set_gradient_sync
 from training.phase_log import PhaseLog
-from training.runs import make_run
+from training.runs import has_activation_checkpointing, make_run
 from training.step import Prefetcher, build, train_step
 
 install_handler() # bad input, found anywhere below, ends the run with one line and exit status 2 (training/errors.py)
@@ -473,7 +473,7 @@ def oom_message(e):
     phase, rows = ('training', batch_size) if raw_model.training else ('evaluation', eval_batch_size or batch_size)
     advice = oom_advice(phase, rows, gradient_accumulation_steps * ddp_world_size, ddp_world_size,
                         activation_checkpointing, stats, fixed_memory if stats else 0, optimizer_in_backward,
-                        checkpointing_possible=model_file == 'model.py') # gpt2026.py's record has none
+                        checkpointing_possible=has_activation_checkpointing(config))
     return advice, dict(every_rank=True)
 on_error(torch.OutOfMemoryError, oom_message)
 

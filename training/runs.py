@@ -79,6 +79,11 @@ def optimizer_words(config):
     return describe(config['optim'], config['optimizer_in_backward'])
 
 
+def has_activation_checkpointing(config):
+    """Whether config's model file has activation checkpointing: model.py's GPT; gpt2026.py's record has none."""
+    return config['model_file'] == GPT_FILE
+
+
 def run_class(config):
     """The class of the runs of config's model file: GPTRun or GPT2026Run."""
     return GPT2026Run if config['model_file'] == RECORD_2026_FILE else GPTRun

@@ -2,7 +2,7 @@
 (estimate_memory.py's report, train.py's record of its run), the largest micro-batch that fits (--find_batch_size,
 train.py's auto_batch_size) and the ladder of memory levers climbed until one does (--ladder).
 """
-from training import rules
+from training import rules, runs
 from training.errors import ConfigError
 from training.memory.advice import resplit
 from training.memory.estimate import (ESTIMATOR_DEFAULTS, GIB, allowance, budget, gib, measure, silent, total_bytes,
@@ -92,8 +92,8 @@ def pick_batch_size(config, free_bytes):
     config = {**ESTIMATOR_DEFAULTS, **config}
     batch_size, totals = largest_batch(config, budget(config, free_bytes), cuda_context=False)
     if batch_size is None:
-        hint = 'a smaller model or block_size' if config['activation_checkpointing'] else \
-            '--activation_checkpointing=True, a smaller model or block_size'
+        lever = not config['activation_checkpointing'] and runs.has_activation_checkpointing(config)
+        hint = f"{'--activation_checkpointing=True, ' if lever else ''}a smaller model or block_size"
         raise ConfigError(f"auto_batch_size: even batch_size=1 needs about {totals[1] / GIB:.2f} GiB but the GPU has "
                           f"{free_bytes / GIB:.2f} GiB free, {config['gpu_headroom_gb']:g} GiB of it left to other "
                           f"programs (gpu_headroom_gb): try {hint}")
@@ -106,10 +106,10 @@ def changes(config, keys):
 
 
 def find_batch_sizes(config, budget_bytes, progress=silent):
-    """largest_batch and fewest_micro_steps with activation checkpointing off and on, as JSON-able dicts with the
-    keys to change (`command`); ConfigError if batch 1 fits neither way."""
+    """largest_batch and fewest_micro_steps with activation checkpointing off and on (where the model file has it),
+    as JSON-able dicts with the keys to change (`command`); ConfigError if batch 1 fits no way."""
     choices = []
-    for checkpointing in (False, True):
+    for checkpointing in (False, True) if runs.has_activation_checkpointing(config) else (False,):
         checkpointed = {**config, 'activation_checkpointing': checkpointing}
         largest, totals = largest_batch(checkpointed, budget_bytes, config['loss'], progress=progress)
         choice = dict(activation_checkpointing=checkpointing, largest_batch_size=largest,
@@ -123,8 +123,9 @@ def find_batch_sizes(config, budget_bytes, progress=silent):
                                                        gradient_accumulation_steps=accumulation)))
         choices.append(choice)
     if all(choice['batch_size'] is None for choice in choices):
-        raise ConfigError(f"gpu_memory_gb={config['gpu_memory_gb']}: even batch_size=1 with activation checkpointing "
-                          f"needs {gib(totals[1])}: use a larger card, or a smaller model or block_size")
+        with_checkpointing = ' with activation checkpointing' if choices[-1]['activation_checkpointing'] else ''
+        raise ConfigError(f"gpu_memory_gb={config['gpu_memory_gb']}: even batch_size=1{with_checkpointing} needs "
+                          f"{gib(totals[1])}: use a larger card, or a smaller model or block_size")
     return choices
 
 

@@ -51,3 +51,22 @@ def test_ladder_climbs_to_the_first_rung_that_fits(tiny, trace_once):
     assert last['batch_size'] <= last['largest_batch_size']
     largest = fit.rebatched({**tiny, 'activation_checkpointing': True}, last['largest_batch_size'])
     assert total(largest) <= budget < total(fit.rebatched(largest, last['largest_batch_size'] + 1))
+
+
+def test_a_record_model_is_offered_no_activation_checkpointing(tiny, monkeypatch):
+    """gpt2026.py's training is the record's, without activation checkpointing: find_batch_size searches with it off
+    alone, and auto_batch_size's error does not name it; model.py's GPT gets both."""
+    found = {}
+
+    def largest_batch(config, budget_bytes, loss='chunked', progress=None, cuda_context=True):
+        found.setdefault(config['model_file'], []).append(config['activation_checkpointing'])
+        return (None, {1: 3 * GIB}) if budget_bytes < GIB else (2, {2: GIB})
+    monkeypatch.setattr(fit, 'largest_batch', largest_batch)
+    record = {**tiny, 'model_file': 'gpt2026.py'}
+    assert [choice['activation_checkpointing'] for choice in fit.find_batch_sizes(record, 8 * GIB)] == [False]
+    assert [choice['activation_checkpointing'] for choice in fit.find_batch_sizes(tiny, 8 * GIB)] == [False, True]
+    assert found == {'gpt2026.py': [False], 'model.py': [False, True]}
+    with pytest.raises(ConfigError, match=r'\): try a smaller model or block_size$'):
+        fit.pick_batch_size(record, GIB // 2)
+    with pytest.raises(ConfigError, match=r'\): try --activation_checkpointing=True, a smaller model or block_size$'):
+        fit.pick_batch_size(tiny, GIB // 2)
