@@ -148,10 +148,15 @@ class CausalSelfAttention(nn.Module):
             # token t's first H/2 heads at position 2t, its last H/2 at 2t + 1 (the record's layout): each query
             # attends to the keys of its head and of its pair, head h +- H/2, over twice the positions (docs: theirs)
             q, k, v = (t.reshape(B, 2 * T, self.n_head // 2, -1) for t in (q, k, v))
-        if cache is not None:  # generation: the new positions' keys and values join the earlier positions'
+        if cache is not None:  # generation: the new positions' keys and values join the earlier positions' kept
             if cache:
+                if window > cache['window']:
+                    raise ValueError(f"a KVCache kept the keys of a window of {cache['window']} positions, not "
+                                     f"{window}: generate with the windows it was filled with, or a new cache")
                 k, v = torch.cat((cache['keys'], k), dim=1), torch.cat((cache['values'], v), dim=1)
-            cache.update(keys=k, values=v)
+            # the positions a later query can reach: the last `window`, and the one before for the key shift
+            cache.update(keys=k[:, -(window + 1):], values=v[:, -(window + 1):], window=window)
+            docs = docs[:, -k.size(1):]  # the documents of the positions kept
         if self.shift_keys:
             k = shift_stationary_keys(k)
         y = (self.attend if cache is None else attend)(q, k, v, docs, window, scale)
@@ -367,13 +372,15 @@ class GPT2026(nn.Module):
 
 
 class KVCache:
-    """Generation's memory between forwards: the tokens run so far, and each attention layer's keys and values of
-    their positions (in its layout: two positions a token for paired heads; long layers' keys before their shift), so
-    that GPT2026.forward(idx, cache=cache) runs only the new tokens idx. It grows with each forward."""
+    """Generation's memory between forwards: the tokens run so far, and each attention layer's keys and values of the
+    positions its window still reaches (in its layout: two positions a token for paired heads; long layers' keys
+    before their shift), so that GPT2026.forward(idx, cache=cache) runs only the new tokens idx, at a cost and in
+    memory that stop growing once a sample is longer than the windows."""
 
     def __init__(self, n_layer):
         self.tokens = None  # (B, length)
-        self.layers = [{} for _ in range(n_layer)]  # each layer's 'keys' and 'values', (B, positions, heads, D)
+        # each layer's 'keys' and 'values' (B, positions, heads, D), the last window + 1 positions, and its 'window'
+        self.layers = [{} for _ in range(n_layer)]
 
     @property
     def length(self):

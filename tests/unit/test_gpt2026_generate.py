@@ -49,8 +49,11 @@ def test_forward_with_cache_gives_the_logits_of_the_whole_sequence(doc_token):
             whole, _ = model(idx[:, :end])
             assert cache.length == end and cached.shape == whole.shape == (2, 1, VOCAB)
             assert (cached - whole).abs().max() < 1e-12 * whole.abs().max()
-    keys = cache.layers[0]['keys']  # layer 0's paired heads: two positions a token, half the heads
-    assert keys.shape == (2, 2 * 24, 3, 8) and cache.layers[6] == {}  # layer 6 has no attention
+    # what each layer keeps: the last window + 1 positions of its layout, the window reaching no further back (the
+    # long layers' key shift one more): layer 0's paired heads (half the heads, two positions a token) of the short
+    # window, layer 3's of the long one; layer 6 has no attention
+    assert [cache.layers[i]['keys'].shape for i in (0, 3)] == [(2, 5 + 1, 3, 8), (2, 9 + 1, 6, 8)]
+    assert cache.layers[6] == {}
 
 
 def test_forward_with_cache_under_autocast_gives_the_logits_of_the_whole_sequence():
@@ -88,3 +91,13 @@ def test_the_cache_runs_each_position_once():
         counts.clear()
         model.generate(tokens(4), 10, use_cache=use_cache)
         assert sum(counts) == positions
+
+
+def test_a_cache_refuses_a_longer_window_than_it_kept_the_keys_of():
+    model, idx = large_weights_model(), tokens(12)
+    cache = gpt2026.KVCache(len(model.config.layers))
+    with torch.no_grad():
+        model(idx[:, :10], cache=cache)
+        model(idx[:, 10:11], cache=cache, windows=(3, 9))  # shorter: the keys it needs are kept
+        with pytest.raises(ValueError, match='a KVCache kept the keys of a window of 3 positions, not 5'):
+            model(idx[:, 11:], cache=cache)
