@@ -374,8 +374,8 @@ class GPT2026(nn.Module):
 class KVCache:
     """Generation's memory between forwards: the tokens run so far, and each attention layer's keys and values of the
     positions its window still reaches (in its layout: two positions a token for paired heads; long layers' keys
-    before their shift), so that GPT2026.forward(idx, cache=cache) runs only the new tokens idx, at a cost and in
-    memory that stop growing once a sample is longer than the windows."""
+    before their shift), so that GPT2026.forward(idx, cache=cache) runs only the new tokens idx, its attention at a
+    cost and in memory that stop growing once a sample is longer than the windows."""
 
     def __init__(self, n_layer):
         self.tokens = None  # (B, length)
