@@ -169,3 +169,12 @@ def test_a_record_model_that_does_not_fit_is_told_what_applies_to_it(tiny):
         lines = estimate_memory.report({**config, 'model_file': model_file}, {**over, 'ladder': ladder}).splitlines()
         assert [line for line in lines if line.startswith('verdict: ')][0].endswith(f'1.00 GiB over: {verdict}')
         assert lines[-1] == 'ladder: no rung fits this card: a smaller model or block_size' + last
+
+
+def test_a_record_model_under_torchrun_is_told_its_optimizer_sums_the_gradients(tiny):
+    """Not DDP's note (its buckets, zero1 or fsdp to try): gpt2026.py's optimizer sums the gradients in place."""
+    config = {**tiny, 'n_layer': 1, 'gradient_accumulation_steps': 2, 'world_size': 2}
+    result = {**fit.estimate({**config, 'world_size': 1}), 'world_size': 2, 'parallelism': 'ddp'}
+    assert estimate_memory.PARALLELISM_NOTES['ddp'] in estimate_memory.report(config, result).splitlines()
+    lines = estimate_memory.report({**config, 'model_file': 'gpt2026.py'}, result).splitlines()
+    assert estimate_memory.SUMMED_GRADIENTS_NOTE in lines and estimate_memory.PARALLELISM_NOTES['ddp'] not in lines
