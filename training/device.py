@@ -26,6 +26,11 @@ def default_dtype(device):
     return 'bfloat16' if cuda_has_bf16() else 'float16'
 
 
+def matmul_dtype(config):
+    """The dtype config's matrix products run in: autocast's (dtype), or without autocast the weights'."""
+    return TORCH_DTYPES[config['dtype'] if config['dtype'] != 'float32' else config['weight_dtype']]
+
+
 def default_compile(device):
     """torch.compile on CUDA: its Triton kernels pay back the compile time there."""
     return device == 'cuda'

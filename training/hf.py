@@ -179,8 +179,7 @@ def record_2026_export(state_dict, model_args, gpt2_tokens, hf_dir):
     in safetensors, the model's state beside them (the embedding's tie, YaRN's windows) in config.json."""
     state = state_dict['_extra_state']
     weights = {name: weight.float() for name, weight in state_dict.items() if name != '_extra_state'}
-    with open(os.path.join(ROOT, runs.RECORD_2026_FILE), encoding='utf-8') as f:
-        sources = {runs.RECORD_2026_FILE: f.read()}
+    sources = model_sources(ROOT, runs.RECORD_2026_FILE.removesuffix('.py'))  # the file alone: it imports only torch
     config_args = dict(**{k: v for k, v in model_args.items() if k != 'model_file'}, **state,
                        **special_tokens(gpt2_tokens))
     return remote_code_model(weights, config_args, hf_dir, sources, RECORD_2026_AUTO_MAP)

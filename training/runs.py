@@ -17,7 +17,7 @@ import gpt2026
 import attention
 from model import GPT, GPTConfig
 from training import record2026
-from training.device import TORCH_DTYPES
+from training.device import matmul_dtype
 from training.documents import DocumentRows
 from training.optim import describe, schedule_groups
 from training.schedule import attn_window_at, scheduled_lr
@@ -56,19 +56,21 @@ def record_options(config, model_args, flash_kernel=None):
     else gpt2026.attend, SDPA under a mask."""
     rows = int(config['loss_chunk_mib'] * 2 ** 20) // (3 * 4 * model_args['vocab_size'])
     options = dict(loss_chunk_rows=max(1, rows), attend=gpt2026.attend)
-    if record_kernel_missing(config, model_args, flash_kernel) is None:
+    if varlen_kernel_missing(config, model_args, flash_kernel) is None:
         # the segments looked up here, when the model is built: the memory estimator's trace replaces them
         options.update(attend=attention.window_document_attention, segments=attention.position_segments)
     return options
 
 
-def record_kernel_missing(config, model_args, flash_kernel=None):
-    """Why GPT2026 runs the masked attention in config's run, in a few words (attention_kernel='masked', or what
-    FlashAttention's variable-length kernel needs and lacks: attention.varlen_missing), or None: the kernel runs."""
-    if config['attention_kernel'] == 'masked':
+def varlen_kernel_missing(config, model_args, flash_kernel=None):
+    """Why config's run computes its attention by position (gpt2026.py's; model.py's windows by position and
+    documents) under a mask, in a few words, or None: FlashAttention's variable-length kernel runs it. gpt2026.py's
+    attention_kernel='masked', or what the kernel needs and lacks (attention.varlen_missing)."""
+    if config['model_file'] == RECORD_2026_FILE and config['attention_kernel'] == 'masked':
         return "attention_kernel='masked'"
-    need = attention.varlen_missing(torch.device(config['device']), TORCH_DTYPES[config['dtype']],
-                                    model_args['n_embd'] // model_args['n_head'], flash_kernel)
+    need = attention.varlen_missing(torch.device(config['device']), matmul_dtype(config),
+                                    model_args['n_embd'] // model_args['n_head'], flash_kernel,
+                                    dropout=config['dropout'] > 0)
     return None if need is None else f"FlashAttention's variable-length kernel needs {need}"
 
 

@@ -4,10 +4,10 @@ from contextlib import nullcontext
 
 import torch
 
-from attention import flex_kernel_options, flex_probe, varlen_missing
+from attention import flex_kernel_options, flex_probe
 from training import runs
 from training.checkpoint import load_model_state, pretrained_model
-from training.device import TORCH_DTYPES
+from training.device import TORCH_DTYPES, matmul_dtype
 from training.errors import ConfigError
 from training.optim import build_optimizer
 from training.parallel import fsdp_param_dtype, shard_model, shard_optimizer_state
@@ -71,16 +71,11 @@ def attention_by_position(config, model_args, flash_kernel=None):
     """train.py's line on what computes the attention of windows by position and of documents, gpt2026.py's and
     model.py's without blocks (set_flex_options speaks for windows in blocks): FlashAttention's variable-length
     kernel, or the masked attention and why; None for a model without either. flash_kernel: varlen_kernel's."""
-    if runs.model_file(model_args) == runs.RECORD_2026_FILE:
-        why = runs.record_kernel_missing(config, model_args, flash_kernel)
-    elif not model_args.get('attn_window_block') and (model_args.get('attn_window') or
-                                                      model_args.get('doc_token', -1) >= 0):
-        dtype = TORCH_DTYPES[config['dtype'] if config['dtype'] != 'float32' else config['weight_dtype']]
-        need = varlen_missing(torch.device(config['device']), dtype, model_args['n_embd'] // model_args['n_head'],
-                              flash_kernel, dropout=config['dropout'] > 0)
-        why = None if need is None else f"FlashAttention's variable-length kernel needs {need}"
-    else:
+    by_position = not model_args.get('attn_window_block') and (model_args.get('attn_window') or
+                                                                model_args.get('doc_token', -1) >= 0)
+    if runs.model_file(model_args) != runs.RECORD_2026_FILE and not by_position:
         return None
+    why = runs.varlen_kernel_missing(config, model_args, flash_kernel)
     what = 'the windows by position and the documents'
     if why is None:
         return f"attention: FlashAttention's variable-length kernel for {what}"
@@ -92,7 +87,7 @@ def set_flex_options(model, config, device, properties):
     attention.flex_kernel_options' whose probe (a forward and backward on two blocks) runs there. Where none does,
     attention_kernel='auto' runs the masked attention instead, saying why in a line; 'flex' is a ConfigError."""
     head_size = model.config.n_embd // model.config.n_head
-    dtype = TORCH_DTYPES[config['dtype'] if config['dtype'] != 'float32' else config['weight_dtype']]
+    dtype = matmul_dtype(config)
     failures = []
     for options in flex_kernel_options(properties, head_size):
         failure = flex_probe(device, model.config.n_head, head_size, dtype, model.config.attn_window_block, options)
