@@ -43,6 +43,7 @@ from chunked_loss import chunk_rows, chunked_cross_entropy, naive_cross_entropy
 from model import GPTConfig
 from training import card, rules
 from training.card_report import markdown as card_markdown
+from training.hellaswag import context_limit
 from training.optimizers import warm_up
 from training.step import Prefetcher, build, build_model, train_step
 from training.device import TORCH_DTYPES, check_device, peak_flops
@@ -508,7 +509,7 @@ def bench_sample():
     the speed-up, and whether the tokens agree."""
     model = build_model({**config, **SCRATCH}, model_args()).to(device).eval()
     prompt = torch.zeros((1, 1), dtype=torch.long, device=device)
-    crop = getattr(model.config, 'block_size', None) # gpt2026.py's model has none: its windows bound the context
+    crop = context_limit(model) # gpt2026.py's model has none: its windows bound the context
     print(f"generate: {max_new_tokens} new tokens after a 1-token prompt, {model_file}, "
           f"{f'block_size {crop}, ' if crop else ''}{n_layer} layers, n_embd {n_embd}, {dtype}, {device}, "
           f"{torch.get_num_threads()} threads")
