@@ -144,11 +144,12 @@ def normuon_normalize(v, second_momentum, beta2):
     return v * (scale * (norm / new_norm.clamp_min(1e-10)))
 
 
-def cautious_decay(p, update, coefficient, zero_too):
-    """Cautious weight decay: coefficient * p where p and the update have the same sign, so that the decay never
-    works against the update; zero_too: also where their product is 0 (NorMuon's; Adam's decays only where > 0)."""
-    agree = update * p
-    return p * ((agree >= 0) if zero_too else (agree > 0)) * coefficient
+def cautious_mask(update, p, zero_too):
+    """1.0 where p and its update have the same sign, else 0.0, in p's dtype: cautious weight decay decays p there
+    alone, never against the update; zero_too: also where their product is 0 (NorMuon's; Adam's decays only where it
+    is > 0). One temporary of p's size, the mask itself."""
+    agree = torch.mul(update, p)
+    return agree.ge_(0) if zero_too else agree.gt_(0)
 
 
 def normuon_update(p, grad, state, lr, lr_multiplier, momentum, n_matrices, orthogonalization_dtype):
@@ -162,12 +163,14 @@ def normuon_update(p, grad, state, lr, lr_multiplier, momentum, n_matrices, orth
     v = polar_express(matrices, orthogonalization_dtype).to(buffer.dtype)
     v = normuon_normalize(v, second_momentum, NORMUON_BETA2).view(p.shape)
     precise, update_lr = p.to(buffer.dtype), lr_multiplier * lr
-    decay = cautious_decay(precise, v, NORMUON_WEIGHT_DECAY * lr * update_lr, zero_too=True)
+    decay = precise * cautious_mask(v, precise, zero_too=True) * (NORMUON_WEIGHT_DECAY * lr * update_lr)
     p.copy_(precise - decay - v * update_lr)
 
 
 def adam_update(p, grad, state, lr, betas, weight_decay):
-    """One Adam step of p with bias correction, eps ADAM_EPS and cautious weight decay by lr**2 * weight_decay."""
+    """One Adam step of p with bias correction, eps ADAM_EPS and cautious weight decay by lr**2 * weight_decay, in
+    place as the record's: beside the state, two temporaries of p's size at the most (the update, the decay's mask),
+    where each operation's own would be five (the bigram table's 0.72 GiB each, at the step's peak)."""
     beta1, beta2 = betas
     state['step'] += 1
     t = state['step']
@@ -175,9 +178,14 @@ def adam_update(p, grad, state, lr, betas, weight_decay):
     g = grad.to(exp_avg.dtype)
     exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-    update = exp_avg / (exp_avg_sq.sqrt() + ADAM_EPS) * (lr * ((1 - beta2 ** t) ** 0.5 / (1 - beta1 ** t)))
-    precise = p.to(update.dtype)
-    p.copy_(precise - (update + cautious_decay(precise, update, lr * lr * weight_decay, zero_too=False)))
+    update = exp_avg_sq.sqrt().add_(ADAM_EPS)
+    update = torch.div(exp_avg, update, out=update).mul_(lr * ((1 - beta2 ** t) ** 0.5 / (1 - beta1 ** t)))
+    precise = p.to(update.dtype)  # p itself, where it has the state's dtype
+    update.addcmul_(precise, cautious_mask(update, precise, zero_too=False), value=lr * lr * weight_decay)
+    if precise is p:
+        p.sub_(update)
+    else:
+        p.copy_(precise.sub_(update))
 
 
 def label(name):

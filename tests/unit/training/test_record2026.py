@@ -196,8 +196,8 @@ PIECES_TAKEN_OUT = {
     'Adam every step': lambda mp, m: mp.setattr(m, 'adam_steps_at', lambda step: True),
     "Adam on one step's gradients": lambda mp, m: mp.setattr(m.NorMuonAdam, 'stepped_groups',
                                                               lambda self: self.param_groups),
-    'weight decay not cautious': lambda mp, m: mp.setattr(m, 'cautious_decay', lambda p, update, coefficient,
-                                                          zero_too: p * coefficient),
+    'weight decay not cautious': lambda mp, m: mp.setattr(m, 'cautious_mask', lambda update, p, zero_too:
+                                                          torch.ones_like(p)),
     'the head decayed as the rest': lambda mp, m: mp.setitem(m.ADAM_TABLE, 'embeddings', ((0.5, 0.95), 1.0, 1.0)),
     "the value tables at Adam's lr": lambda mp, m: mp.setitem(m.ADAM_TABLE, 'value_embeds', ((0.75, 0.95), 1.0, 5.0)),
     "MLP's c_proj at c_fc's lr": lambda mp, m: mp.setitem(m.NORMUON_TABLE, 'mlp.c_proj', (1, 2.0)),
