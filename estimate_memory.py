@@ -44,9 +44,13 @@ PARALLELISM_NOTES = {  # what the per-rank figures above mean, for world_size > 
             "each block's weights gathered only for its forward and backward (counted as parameters); between "
             "accumulation micro-steps the gradients stay unsharded (counted as temporaries)"}
 # gpt2026.py's record under torchrun, whose optimizer sums the gradients itself (training/record2026.py)
-SUMMED_GRADIENTS_NOTE = ("note: per rank; each rank holds the whole model, its gradients and the record's optimizer, "
-                         "which sums the gradients over the ranks in place (no DDP buckets): the per-rank peak does "
-                         "not fall with world_size")
+SUMMED_GRADIENTS_NOTES = {
+    'ddp': "note: per rank; each rank holds the whole model, its gradients and the record's optimizer, which sums the "
+           "gradients over the ranks in place (no DDP buckets): the per-rank peak does not fall with world_size: try "
+           "--parallelism=zero1",
+    'zero1': "note: per rank (rank 0, the largest share); each rank holds the whole model and its gradients, which the "
+             "record's optimizer sums in place (no DDP buckets), and the optimizer state of its share of the "
+             "parameters, which it steps"}
 
 def allocation_text(allocation):
     size = allocation['bytes']
@@ -97,7 +101,7 @@ def report(config, result):
         lines.append('note: traced in bfloat16, which takes the same bytes as float16')
     if result['world_size'] > 1:
         summed = runs.run_class(config).optimizer_sums_gradients
-        lines.append(SUMMED_GRADIENTS_NOTE if summed else PARALLELISM_NOTES[result['parallelism']])
+        lines.append((SUMMED_GRADIENTS_NOTES if summed else PARALLELISM_NOTES)[result['parallelism']])
     configured_tokens = config['batch_size'] * config['gradient_accumulation_steps'] * config['block_size']
     for choice in result.get('find_batch_size', []):
         found = ('even batch 1 does not fit' if choice['batch_size'] is None else

@@ -353,7 +353,7 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 if init_from == 'resume':
     # the optimizer's state, the GradScaler's and each rank's RNG: what an exact resume needs beyond the weights
     restore_training_state(checkpoint, optimizer, scaler, config, ddp_rank, ddp_world_size, device)
-    restore_pending_gradients(raw_model, checkpoint, ddp_world_size)
+    restore_pending_gradients(raw_model, checkpoint, master_process)
 checkpoint = None # free up memory
 saved_iter = iter_num if init_from == 'resume' else None # the iteration ckpt.pt holds, for Ctrl-C's line
 
@@ -510,6 +510,7 @@ while True:
                 phases.enter('checkpoint', iter_num)
                 # full tensors for the master whatever the parallelism, so any mode and world size can resume
                 model_state, optimizer_state = full_state_dicts(raw_model, optimizer, master_process)
+                pending = pending_gradients(raw_model, master_process) # gpt2026.py's Adam's, after an even iter
                 if master_process:
                     print(f"saving checkpoint to {out_dir}")
                     save_checkpoint({
@@ -521,11 +522,10 @@ while True:
                         'config': config,
                         'scaler': scaler.state_dict(),
                         'rng_states': rng_states,
-                        # gpt2026.py's Adam's, after an even iter
-                        'pending_gradients': pending_gradients(raw_model, ddp_world_size),
+                        'pending_gradients': pending,
                     }, out_dir)
                 saved_iter = iter_num
-                model_state = optimizer_state = None # free the gathered copies before training goes on
+                model_state = optimizer_state = pending = None # free the gathered copies before training goes on
     if eval_only:
         break
 

@@ -10,11 +10,12 @@ import os
 import zipfile
 
 import torch
+import torch.distributed as dist
 
 from model import GPT
 from training import hf, runs
 from training.errors import ConfigError, first_line
-from training.parallel import load_optimizer_state
+from training.parallel import load_optimizer_state, world_size
 
 CKPT_NAME = 'ckpt.pt'
 # the init_from values sample.py and hellaswag.py load (train.py's add 'scratch'), as --help lists them
@@ -140,21 +141,31 @@ def restore_training_state(checkpoint, optimizer, scaler, config, rank, world_si
               f"dropout randomness restarts from the seed")
 
 
-def pending_gradients(model, world_size=1):
+@torch.no_grad()
+def pending_gradients(model, master=True):
     """{parameter name: gradient} of the gradients `model` holds between iterations: those its optimizer keeps for its
     next step (gpt2026.py's Adam, stepped every other step on two steps' gradients); none for model.py's optimizers,
-    which free every gradient. An exact resume needs them. Under torchrun each of world_size processes holds a
-    1/world_size share of their sum (record2026.sum_over_processes): the sum is saved (in the host's memory, not the
-    GPU's), so that any number of processes resumes it."""
-    return {name: p.grad if world_size == 1 else p.grad.cpu().mul_(world_size)
-            for name, p in model.named_parameters() if p.grad is not None}
+    which free every gradient. An exact resume needs them. Under torchrun each process holds its own micro-batches'
+    (record2026.sum_over_processes), and this is a collective: their sum, in the master's host memory, is saved, so
+    that any number of processes resumes it. It is made in place on the master, the others' zeroed: the sum the next
+    step takes stays the same. The processes but the master get None."""
+    pending = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+    if world_size() == 1:
+        return pending
+    for grad in pending.values():
+        dist.reduce(grad, dst=0)
+        if not master:
+            grad.zero_()
+    return {name: grad.cpu() for name, grad in pending.items()} if master else None
 
 
-def restore_pending_gradients(model, checkpoint, world_size=1):
-    """The gradients pending_gradients saved, back on model's parameters: each of world_size processes its share."""
+def restore_pending_gradients(model, checkpoint, master=True):
+    """The gradients pending_gradients saved, back on model's parameters: on the master; zeros on the other
+    processes, so that the sum over the processes is the saved one."""
     parameters = dict(model.named_parameters())
     for name, grad in checkpoint.get('pending_gradients', {}).items():
-        parameters[name].grad = grad.to(parameters[name]).div_(world_size)
+        param = parameters[name]
+        param.grad = grad.to(param) if master else torch.zeros_like(param)
 
 
 def pretrained_model(init_from, dropout=0.0, **options):

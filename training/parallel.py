@@ -41,6 +41,12 @@ def _is_instance(value, module_names, class_name):
                for name in module_names)
 
 
+def world_size():
+    """The processes of torch.distributed's default group (1 without one)."""
+    return torch.distributed.get_world_size() if torch.distributed.is_available() and \
+        torch.distributed.is_initialized() else 1
+
+
 def _is_zero1(optimizer):
     return _is_instance(optimizer, ('torch.distributed.optim',), 'ZeroRedundancyOptimizer')
 
@@ -104,6 +110,8 @@ def full_state_dicts(model, optimizer, master):
     if _is_zero1(optimizer):
         optimizer.consolidate_state_dict(to=0)  # rank 0 is the master
         optimizer_state = optimizer.state_dict() if master else None
+    elif hasattr(optimizer, 'full_state_dict'):  # gpt2026.py's record's, which shards its own state under zero1
+        optimizer_state = optimizer.full_state_dict(master)
     else:
         optimizer_state = _gathered(optimizer.state_dict(), master)
     model_state = _gathered(model.state_dict(), master)

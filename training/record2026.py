@@ -21,6 +21,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from training.parallel import world_size
+
 # the record's Hyperparameters
 SCHEDULED_ITERATIONS = 1560  # the lr, window and batch-size schedules run over these steps
 NUM_ITERATIONS = SCHEDULED_ITERATIONS + 40  # then 40 more at the last batch size and window, lr at 0.1 of its peak
@@ -208,9 +210,11 @@ class NorMuonAdam(torch.optim.Optimizer):
     whether Adam steps; zero_grad() then keeps the gradients of the parameters the step left alone, so that Adam's
     next step takes the sum of two steps' gradients, as the record's. While the model's embedding is tied, wte has
     no gradient and is not stepped: split_embedding gives it the head's weight and Adam state.
-    Under torchrun each process holds the whole model and optimizer, and step() first sums the gradients over the
+    Under torchrun each process holds the whole model, and step() first sums the gradients it updates over the
     processes (each one's are its micro-batches'), as the record's optimizer reduces them itself: no DDP wrapper,
-    whose reduction would wait for wte's gradient while it has none (sum_over_processes).
+    whose reduction would wait for wte's gradient while it has none (sum_over_processes). Each process holds and
+    steps the whole optimizer, or after shard() (parallelism='zero1') its share of the parameters (owners): their
+    state and their update, which it then sends to the others, as the record's optimizer shares out its work.
     orthogonalization_dtype: Polar Express's (the record's bf16; None: the weights')."""
 
     def __init__(self, model, orthogonalization_dtype=torch.bfloat16):
@@ -228,6 +232,17 @@ class NorMuonAdam(torch.optim.Optimizer):
         super().__init__(groups, dict(lr=0.0, momentum=0.0))
         self.orthogonalization_dtype = orthogonalization_dtype
         self.adam_steps = True
+        self.owner = None  # shard(): the rank that steps each parameter
+
+    def shard(self):
+        """zero1 under torchrun: from here on this process keeps and steps the state of its share of the parameters
+        alone (owners' over the processes of torch.distributed's default group), before any step."""
+        assert not self.state, 'shard() before the first step: the state is handed out, not moved'
+        self.owner = owners(self.param_groups, world_size())
+        self.rank = dist.get_rank()
+
+    def owns(self, p):
+        return self.owner is None or self.owner[p] == self.rank
 
     def schedule(self, step):
         """The record's lrs, momentum and Adam's turn for optimizer step `step` (from 0)."""
@@ -244,7 +259,7 @@ class NorMuonAdam(torch.optim.Optimizer):
         sum_over_processes(self)
         for group in self.stepped_groups():
             for p in group['params']:
-                if p.grad is None:
+                if p.grad is None or not self.owns(p):
                     continue
                 state = self.state[p]
                 if not state:
@@ -255,6 +270,7 @@ class NorMuonAdam(torch.optim.Optimizer):
                 else:
                     adam_update(p, p.grad, state, group['lr_multiplier'] * group['lr'], group['betas'],
                                 group['weight_decay'])
+        share_updates(self)
 
     @staticmethod
     def initial_state(p, group):
@@ -268,6 +284,41 @@ class NorMuonAdam(torch.optim.Optimizer):
         return dict(momentum_buffer=torch.zeros_like(p, dtype=dtype),
                     second_momentum=torch.zeros(shape, dtype=dtype, device=p.device))
 
+    def full_state_dict(self, master=True):
+        """state_dict(), after shard() with every process's share, received by the master in host memory: a
+        collective, every process calls it; the others get None."""
+        if self.owner is None:
+            return self.state_dict()
+        whole = self.state_dict()
+        # what each process holds: the state's indices (state_dict's, over the groups' parameters) and numbers
+        held = [None] * world_size()
+        dist.all_gather_object(held, {i: {k: v for k, v in state.items() if not torch.is_tensor(v)}
+                                      for i, state in whole['state'].items()})
+        params = [(p, group) for group in self.param_groups for p in group['params']]
+        for i, (p, group) in enumerate(params):
+            owner = self.owner[p]
+            if owner == 0 or i not in held[owner]:
+                continue
+            if self.rank == owner:
+                for key in sorted(k for k, v in self.state[p].items() if torch.is_tensor(v)):
+                    dist.send(self.state[p][key], dst=0)
+            elif self.rank == 0:  # shaped as the owner's: initial_state's
+                state = {k: v for k, v in self.initial_state(p, group).items() if torch.is_tensor(v)}
+                for key in sorted(state):
+                    dist.recv(state[key], src=owner)
+                whole['state'][i] = {**{k: v.cpu() for k, v in state.items()}, **held[owner][i]}
+        if self.rank == 0:
+            whole['state'] = dict(sorted(whole['state'].items()))
+        return whole if master else None
+
+    def load_state_dict(self, state_dict):
+        """A full state dict (full_state_dict's): after shard(), this process's share of it."""
+        if self.owner is not None:
+            params = [p for group in self.param_groups for p in group['params']]
+            state_dict = {**state_dict, 'state': {i: state for i, state in state_dict['state'].items()
+                                                  if self.owns(params[int(i)])}}
+        super().load_state_dict(state_dict)
+
     def zero_grad(self, set_to_none=True):
         """The gradients of the parameters the last step updated; Adam's wait for its step after a step without."""
         for group in self.stepped_groups():
@@ -278,27 +329,52 @@ class NorMuonAdam(torch.optim.Optimizer):
                     p.grad.zero_()
 
 
-def world_size():
-    """The processes of torch.distributed's default group (1 without one)."""
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+def owners(param_groups, world):
+    """{parameter: the rank of `world` that keeps and steps it}: the largest state first (Adam's two moments an
+    element, NorMuon's one), each to the rank holding the least so far, the ranks then numbered from the largest
+    share down (the memory estimator traces rank 0); the embeddings group (the head, and wte, which takes its state
+    at the split) as one."""
+    units = []
+    for group in param_groups:
+        moments = 2 if group['kind'] == 'adam' else 1
+        params = [group['params']] if group['label'] == 'embeddings' else [[p] for p in group['params']]
+        units += [(moments * sum(p.numel() for p in unit), unit) for unit in params]
+    shares = [[0, []] for _ in range(world)]
+    for size, unit in sorted(units, key=lambda u: -u[0]):  # stable: equal sizes in the groups' order
+        share = min(shares, key=lambda s: s[0])
+        share[0] += size
+        share[1] += unit
+    shares.sort(key=lambda s: -s[0])
+    return {p: rank for rank, (_, params) in enumerate(shares) for p in params}
+
+
+def updated(optimizer):
+    """The parameters the optimizer's step updates: those of its stepped groups with a gradient, the same on every
+    process."""
+    return [p for group in optimizer.stepped_groups() for p in group['params'] if p.grad is not None]
+
+
+def wait_all(works):
+    for work in works:
+        work.wait()
 
 
 @torch.no_grad()
 def sum_over_processes(optimizer):
-    """Every gradient summed over the processes (a collective, in step: every process calls it); those this step
-    leaves to Adam's next then divided by the world size, so that the next step's sum, which they join with the
-    next micro-batches', counts them once. Nothing with one process."""
-    world = world_size()
-    if world == 1:
-        return
-    stepped = {id(p) for group in optimizer.stepped_groups() for p in group['params']}
-    grads = [(p.grad, id(p) in stepped) for group in optimizer.param_groups for p in group['params']
-             if p.grad is not None]
-    for work in [dist.all_reduce(grad, async_op=True) for grad, _ in grads]:
-        work.wait()
-    for grad, taken in grads:
-        if not taken:
-            grad.div_(world)
+    """The gradients of the parameters the step updates summed over the processes (a collective, in step: every
+    process calls it): on every process, or after shard() on each parameter's owner alone. Those left to Adam's next
+    step stay each process's own, which that step sums with its micro-batches' (a checkpoint sums them:
+    training.checkpoint.pending_gradients). Nothing with one process."""
+    if world_size() > 1:
+        wait_all([dist.all_reduce(p.grad, async_op=True) if optimizer.owner is None else
+                  dist.reduce(p.grad, dst=optimizer.owner[p], async_op=True) for p in updated(optimizer)])
+
+
+@torch.no_grad()
+def share_updates(optimizer):
+    """After shard(): each updated parameter sent from its owner to every process (a collective, in step)."""
+    if optimizer.owner is not None:
+        wait_all([dist.broadcast(p, src=optimizer.owner[p], async_op=True) for p in updated(optimizer)])
 
 
 @torch.no_grad()
@@ -306,5 +382,7 @@ def split_embedding(model, optimizer):
     """The record's split, after SPLIT_STEP's update: the model's embedding becomes a copy of the head
     (GPT2026.untie_embedding) and takes the head's Adam state, moments and step count, to train on its own."""
     model.untie_embedding()
-    head = optimizer.state[model.lm_head.weight]
-    optimizer.state[model.transformer.wte.weight] = {k: v.clone() if torch.is_tensor(v) else v for k, v in head.items()}
+    head = optimizer.state.get(model.lm_head.weight)
+    if head:  # after shard(), on the head's owner alone
+        optimizer.state[model.transformer.wte.weight] = {k: v.clone() if torch.is_tensor(v) else v
+                                                         for k, v in head.items()}

@@ -98,7 +98,8 @@ def check_config(config, world_size, device_type):
 
 def check_record_2026(config, world_size):
     """ConfigError for a model_file='gpt2026.py' run that the record's model and training cannot take: under
-    torchrun parallelism='ddp' alone (its optimizer whole on each process) and no grad_clip (it would clip each
+    torchrun parallelism 'ddp' or 'zero1' (its optimizer whole on each process, or each its share; no fsdp) and no
+    grad_clip (it would clip each
     process's share of the gradients, which the optimizer sums in its step), the record's 11 layers, heads that pair,
     documents to read, bf16 or fp32 (fp16's GradScaler would unscale the gradients Adam keeps between steps twice),
     at most the record's 1,600 steps (its schedules end there), and no key of model.py's model or training."""
@@ -112,9 +113,9 @@ def check_record_2026(config, world_size):
     n_layer, head_size = len(gpt2026.RECORD_LAYERS), config['n_embd'] // config['n_head']
     gates = gpt2026.GPT2026Config.gate_inputs
     checks = [
-        (world_size == 1 or config['parallelism'] == 'ddp',
-         f"parallelism={config['parallelism']!r} shards model.py's optimizer or weights; {record} keeps the record's "
-         f"optimizer whole on each process: use --parallelism=ddp"),
+        (world_size == 1 or config['parallelism'] != 'fsdp',
+         f"parallelism='fsdp' shards model.py's weights; {record} keeps the whole model on each process: use "
+         f"--parallelism=zero1 (each process the optimizer state of its share) or ddp"),
         (world_size == 1 or not config['grad_clip'],
          f"grad_clip={config['grad_clip']} under torchrun would clip each process's share of the gradients, which "
          f"the optimizer of {record} sums only in its step: use --grad_clip=0.0 (the record's) or one process"),

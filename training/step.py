@@ -55,7 +55,10 @@ def build(config, model_args, device, device_type, checkpoint=None, sharded=Fals
     if torch.device(device).type == 'cuda' and (line := attention_by_position(config, model_args)):
         print(line)
     if runs.model_file(model_args) == runs.RECORD_2026_FILE: # the record's optimizer, whole on each process
-        return model, NorMuonAdam(model)
+        optimizer = NorMuonAdam(model)
+        if sharded and config['parallelism'] == 'zero1':
+            optimizer.shard() # or each its share, as the record's
+        return model, optimizer
     if torch.device(device).type == 'cuda' and model.flex_runs(torch.device(device)):
         set_flex_options(model, config, device, torch.cuda.get_device_properties(device))
     if sharded and config['parallelism'] == 'fsdp': # before the optimizer, which must see the shards

@@ -125,21 +125,42 @@ def test_resume_across_the_batch_growth_and_the_split_repeats_the_run(tmp_path):
     assert len(after['optimizer']['state']) == len(checkpoint['optimizer']['state']) + 1  # the embedding's Adam
 
 
+def same_state(a, b):
+    """Whether the (nested) checkpoint entries a and b are equal, tensor for tensor."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b) if torch.is_tensor(a) else a == b
+
+
 def test_two_processes_train_as_one_across_the_batch_growth_and_the_split(tmp_path):
     """torchrun, 2 processes (gloo), each the whole model and the record's optimizer, which sums their gradients:
     from a checkpoint set to iteration 1,039, through the last batch size from 1,040 (3 micro-steps a process) and
     the split after 1,041, the losses of one process at the same global batch; its checkpoint at 1,041 (Adam's
     gradients of 1,040 pending, their sum over the processes) resumed by one process repeats the uninterrupted run's
-    next iterations."""
-    data, _ = checkpoints_before_the_split(tmp_path, 'single', 'double')
+    next iterations. Under zero1, each process the optimizer state of its share of the parameters and their update:
+    the same checkpoint, to the bit (a sum of two gradients is the same in any order), and resumed by two processes
+    under zero1 the same losses."""
+    data, _ = checkpoints_before_the_split(tmp_path, 'single', 'double', 'sharded')
     single = train(data, tmp_path / 'single', '--init_from=resume', '--max_iters=1044', '--eval_interval=3')
-    double = torchrun(*RECORD_2026_ARGS, f'--data_dir={data}', f'--out_dir={tmp_path / "double"}',
-                      '--init_from=resume', '--max_iters=1041', '--eval_interval=3')
-    assert double.returncode == 0, double.stderr[-3000:]
-    assert_same_losses(double.stdout, single.stdout, 'iter', range(1039, 1042))
-    assert_same_losses(double.stdout, single.stdout, 'step', (1041,))
-    assert load(tmp_path / 'double')['pending_gradients']
+    runs = {}
+    for name, parallelism in (('double', 'ddp'), ('sharded', 'zero1')):
+        runs[name] = torchrun(*RECORD_2026_ARGS, f'--data_dir={data}', f'--out_dir={tmp_path / name}',
+                              '--init_from=resume', '--max_iters=1041', '--eval_interval=3',
+                              f'--parallelism={parallelism}')
+        assert runs[name].returncode == 0, runs[name].stderr[-3000:]
+        assert_same_losses(runs[name].stdout, single.stdout, 'iter', range(1039, 1042))
+        assert_same_losses(runs[name].stdout, single.stdout, 'step', (1041,))
+    double, sharded = load(tmp_path / 'double'), load(tmp_path / 'sharded')
+    assert double['pending_gradients']
+    for key in ('model', 'optimizer', 'pending_gradients'):
+        assert same_state(sharded[key], double[key]), key
     # the first iterations after it: later ones drift apart by the sums' rounding, which Adam's normalized updates
     # of the tables' near-zero gradients and Polar Express's bf16 magnify
     resumed = train(data, tmp_path / 'double', '--init_from=resume', '--max_iters=1043', '--eval_interval=3')
+    assert_same_losses(resumed.stdout, single.stdout, 'iter', range(1041, 1044))
+    resumed = torchrun(*RECORD_2026_ARGS, f'--data_dir={data}', f'--out_dir={tmp_path / "sharded"}',
+                       '--init_from=resume', '--max_iters=1043', '--eval_interval=3', '--parallelism=zero1')
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_losses(resumed.stdout, single.stdout, 'iter', range(1041, 1044))

@@ -172,9 +172,12 @@ def test_a_record_model_that_does_not_fit_is_told_what_applies_to_it(tiny):
 
 
 def test_a_record_model_under_torchrun_is_told_its_optimizer_sums_the_gradients(tiny):
-    """Not DDP's note (its buckets, zero1 or fsdp to try): gpt2026.py's optimizer sums the gradients in place."""
+    """Not DDP's notes (its buckets, zero1 or fsdp to try): gpt2026.py's optimizer sums the gradients in place."""
     config = {**tiny, 'n_layer': 1, 'gradient_accumulation_steps': 2, 'world_size': 2}
-    result = {**fit.estimate({**config, 'world_size': 1}), 'world_size': 2, 'parallelism': 'ddp'}
-    assert estimate_memory.PARALLELISM_NOTES['ddp'] in estimate_memory.report(config, result).splitlines()
-    lines = estimate_memory.report({**config, 'model_file': 'gpt2026.py'}, result).splitlines()
-    assert estimate_memory.SUMMED_GRADIENTS_NOTE in lines and estimate_memory.PARALLELISM_NOTES['ddp'] not in lines
+    traced = fit.estimate({**config, 'world_size': 1})
+    for parallelism in ('ddp', 'zero1'):
+        result = {**traced, 'world_size': 2, 'parallelism': parallelism}
+        assert estimate_memory.PARALLELISM_NOTES[parallelism] in estimate_memory.report(config, result).splitlines()
+        lines = estimate_memory.report({**config, 'model_file': 'gpt2026.py'}, result).splitlines()
+        assert estimate_memory.SUMMED_GRADIENTS_NOTES[parallelism] in lines
+        assert estimate_memory.PARALLELISM_NOTES[parallelism] not in lines

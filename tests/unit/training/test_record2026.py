@@ -59,6 +59,61 @@ def test_every_parameter_has_the_records_label_and_group():
     assert sorted(names[p] for group in optimizer.param_groups for p in group['params']) == sorted(names.values())
 
 
+def test_zero1_hands_out_the_state_largest_first_to_the_least_loaded_rank():
+    """record2026.owners: every parameter to one rank; the head and the embedding (whose state the split hands over)
+    to the same; each rank's state (Adam's two moments an element, NorMuon's one) within that pair's of the others';
+    the ranks numbered from the largest share down; one rank holds all."""
+    optimizer = record2026.NorMuonAdam(gpt2026.GPT2026(copy.deepcopy(PORT)))
+    params = {p: 2 if group['kind'] == 'adam' else 1 for group in optimizer.param_groups for p in group['params']}
+    assert set(record2026.owners(optimizer.param_groups, 1).values()) == {0}
+    largest = max(moments * p.numel() for p, moments in params.items())
+    for world in (2, 3, 4):
+        owner = record2026.owners(optimizer.param_groups, world)
+        assert owner.keys() == params.keys() and set(owner.values()) == set(range(world))
+        head, embedding = optimizer.param_groups[-1]['params']
+        assert optimizer.param_groups[-1]['label'] == 'embeddings' and owner[head] == owner[embedding]
+        shares = [sum(moments * p.numel() for p, moments in params.items() if owner[p] == rank)
+                  for rank in range(world)]
+        assert shares == sorted(shares, reverse=True) and shares[0] - shares[-1] <= 2 * largest
+        assert record2026.owners(optimizer.param_groups, world) == owner  # the same on every process
+
+
+def test_under_zero1_a_process_makes_loads_and_steps_the_state_of_its_share_alone():
+    """As rank 0 and rank 1 of 2 (a stand-in process group, whose collectives move nothing): a step makes the state
+    of the rank's share and updates only its parameters; a full state dict (one process's) loads as that share."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def new_model():
+        torch.manual_seed(0)
+        return gpt2026.GPT2026(copy.deepcopy(PORT))
+
+    def stepped_optimizer(shard):
+        model = new_model()
+        optimizer = record2026.NorMuonAdam(model)
+        if shard:
+            optimizer.shard()
+        for p in model.parameters():  # tied: no gradient for the embedding
+            p.grad = None if p is model.transformer.wte.weight else torch.ones_like(p)
+        optimizer.schedule(1)
+        optimizer.step()
+        return model, optimizer
+
+    full = stepped_optimizer(shard=False)[1].state_dict()
+    before = dict(new_model().named_parameters())
+    for rank in (0, 1):
+        torch.distributed.init_process_group('fake', store=FakeStore(), rank=rank, world_size=2)
+        try:
+            model, optimizer = stepped_optimizer(shard=True)
+            names = {p: n for n, p in model.named_parameters()}
+            owned = {names[p] for p, owner in optimizer.owner.items() if owner == rank}
+            assert {names[p] for p in optimizer.state} == owned - {'transformer.wte.weight'}
+            assert {n for n, p in model.named_parameters() if not torch.equal(p, before[n])} <= owned
+            optimizer.load_state_dict(full)
+            assert {names[p] for p in optimizer.state} == owned - {'transformer.wte.weight'}
+        finally:
+            torch.distributed.destroy_process_group()
+
+
 def record_weights(tied, g):
     """Random weights of the record's shapes (the padding and layer 6's lambdas zero, as unused), the embedding
     lm_head's transpose while tied."""

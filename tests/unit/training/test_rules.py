@@ -227,19 +227,20 @@ def test_a_record_run_refuses_what_its_model_and_training_cannot_take(record, ov
     assert message in str(e.value) and '\n' not in str(e.value)
 
 
-def test_a_record_run_under_torchrun_takes_ddp_without_clipping(record):
-    """Its optimizer, whole on each process, sums the gradients in its step: parallelism='ddp' alone, and no
-    grad_clip, which would clip each process's share before the sum (one process clips the whole)."""
+def test_a_record_run_under_torchrun_takes_ddp_or_zero1_without_clipping(record):
+    """Its optimizer, whole on each process or each its share, sums the gradients in its step: parallelism 'ddp' or
+    'zero1', not fsdp's sharded weights, and no grad_clip, which would clip each process's share before the sum (one
+    process clips the whole)."""
     torchrun = {**record, 'gradient_accumulation_steps': 2, 'grad_clip': 0.0}
-    rules.check_config(torchrun, 2, 'cpu')
+    for parallelism in ('ddp', 'zero1'):
+        rules.check_config({**torchrun, 'parallelism': parallelism}, 2, 'cpu')
     rules.check_config({**record, 'grad_clip': 1.0}, 1, 'cpu')
     with pytest.raises(ConfigError, match=r"^grad_clip=1.0 under torchrun would clip each process's share of the "
                                           r"gradients, which the optimizer of model_file='gpt2026.py' sums only"):
         rules.check_config({**torchrun, 'grad_clip': 1.0}, 2, 'cpu')
-    for parallelism in ('zero1', 'fsdp'):
-        with pytest.raises(ConfigError, match=f"^parallelism='{parallelism}' shards model.py's optimizer or weights; "
-                                              f"model_file='gpt2026.py' keeps the record's optimizer whole"):
-            rules.check_config({**torchrun, 'parallelism': parallelism}, 2, 'cpu')
+    with pytest.raises(ConfigError, match="^parallelism='fsdp' shards model.py's weights; model_file='gpt2026.py' "
+                                          "keeps the whole model on each process: use --parallelism=zero1"):
+        rules.check_config({**torchrun, 'parallelism': 'fsdp'}, 2, 'cpu')
 
 
 def test_the_model_file_is_in_a_record_models_args_and_resume_takes_the_checkpoints(record):
