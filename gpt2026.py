@@ -207,8 +207,8 @@ class GPT2026(nn.Module):
         tables = {table for _, table in config.layers if table is not None}
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, d),  # the input embedding once untied, lm_head's weight before
-            bigram_embed=nn.Embedding(config.bigram_vocab_size, d),
-            value_embeds=nn.ModuleList([nn.Embedding(config.vocab_size, d) for _ in range(len(tables))]),
+            bigram_embed=Table(config.bigram_vocab_size, d),
+            value_embeds=nn.ModuleList([Table(config.vocab_size, d) for _ in range(len(tables))]),
             h=nn.ModuleList([Block(config, attention, table, attend) for attention, table in config.layers]),
         ))
         self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
@@ -323,14 +323,11 @@ class GPT2026(nn.Module):
         seen = idx if cache is None else cache.append(idx)  # every token so far: the new ones' documents and bigrams
         windows = (config.short_window, config.long_window) if windows is None else windows
         docs = self.documents(seen, self.segments if cache is None else None)
-        wte = self.lm_head.weight if self.embedding_tied else self.transformer.wte.weight
-        x = F.embedding(seen[:, max(start - 1, 0):], wte)  # with the token before the new ones, for the smear
+        x, bigram, tables = self.table_rows(seen, start)
         # smear: each position's embedding takes in the previous token's, as much as its own gate lets it
         gate = torch.sigmoid(self.smear_gate(x[:, 1:, :config.gate_inputs]))
         x = torch.cat((x[:, :1], x[:, 1:] + self.smear_lambda * gate * x[:, :-1]), dim=1)
         x = x0 = rms_norm(x[:, -T:])
-        bigram = self.transformer.bigram_embed(bigram_hash(seen, config.bigram_vocab_size)[:, start:])
-        tables = [table(idx) for table in self.transformer.value_embeds]
         rotary, scale = self.rotary(T, idx.device, x.dtype, start)
         skip_from, skip_to = config.skip
         for i, (block, (_, table)) in enumerate(zip(self.transformer.h, config.layers)):
@@ -346,6 +343,16 @@ class GPT2026(nn.Module):
                 backout = x
         # what the first layers wrote for the context of later positions, not for this one's prediction, backed out
         return rms_norm(x - self.backout_lambda * backout)
+
+    @torch._disable_dynamo  # eager, before a compiled model's graph: TableRows' backward writes .grad
+    def table_rows(self, seen, start):
+        """The tables' rows for the new tokens of seen (B, length), from position `start`: the embedding's with the
+        token before them (for the smear), the bigram table's, and each value table's."""
+        new = seen[:, start:]
+        wte = self.lm_head.weight if self.embedding_tied else self.transformer.wte.weight
+        x = table_rows(seen[:, max(start - 1, 0):], wte)
+        bigram = self.transformer.bigram_embed(bigram_hash(seen, self.config.bigram_vocab_size)[:, start:])
+        return x, bigram, [table(new) for table in self.transformer.value_embeds]
 
     def logits(self, hidden):
         """The capped logits of hidden states (..., n_embd), in fp32 (fp64 for fp64 weights): sampling's, and those
@@ -390,6 +397,46 @@ class KVCache:
         """Every token so far, idx (B, T) the last."""
         self.tokens = idx if self.tokens is None else torch.cat((self.tokens, idx), dim=1)
         return self.tokens
+
+
+def table_rows(idx, weight):
+    """F.embedding(idx, weight), its gradient added into weight.grad in place (TableRows) where autograd records one."""
+    if torch.is_grad_enabled() and weight.requires_grad:
+        return TableRows.apply(idx, weight)
+    return F.embedding(idx, weight)
+
+
+class Table(nn.Embedding):
+    """An embedding table whose gradient table_rows adds into its weight's .grad in place."""
+
+    def forward(self, idx):
+        return table_rows(idx, self.weight)
+
+
+class TableRows(torch.autograd.Function):
+    """F.embedding(idx, weight) whose backward adds the gradient of the rows it read into weight.grad in place, made
+    (zeros) at the first, and gives autograd none for the weight. Autograd's own would be the whole table's, written
+    and then added to .grad, at every micro-batch of a step: the record's tables hold 347M values, several GB of
+    memory traffic a micro-batch, where its rows are a few MB. Megatron-LM's gradient-accumulation fusion, for
+    tables: what waits for autograd's gradient (a DDP wrapper, a post-accumulate hook) does not see these."""
+
+    @staticmethod
+    def forward(ctx, idx, weight):
+        ctx.save_for_backward(idx)
+        ctx.weight = weight
+        return F.embedding(idx, weight)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        idx, = ctx.saved_tensors
+        weight = ctx.weight
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        # accumulate=True: in a deterministic order on CUDA, where index_add_'s atomic adds are not
+        weight.grad.index_put_((idx.reshape(-1),), grad.reshape(-1, weight.size(1)).to(weight.grad.dtype),
+                               accumulate=True)
+        return None, None
 
 
 def softcap(logits):

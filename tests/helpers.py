@@ -275,10 +275,12 @@ def check_only_the_naive_loss_holds_the_logits(batch_size, n_layer, loss_chunk_m
 
 
 def assert_same_losses(stdout, reference, kind, iterations):
-    """The logged losses of `kind` (see logged_losses) at `iterations` in stdout are those of `reference`."""
+    """The logged losses of `kind` (see logged_losses) at `iterations` in stdout are those of `reference`, within a
+    unit of the log's last digit: two sums of the same gradients in other orders differ by far less, but may fall on
+    either side of a rounding boundary, and 3.3052 - 3.3051 is 1.0000000000000009e-4 in floats."""
     losses, expected = logged_losses(stdout, kind), logged_losses(reference, kind)
     assert sorted(losses) == list(iterations)
-    assert [losses[i] for i in iterations] == [pytest.approx(expected[i], abs=1e-4) for i in iterations]
+    assert [losses[i] for i in iterations] == [pytest.approx(expected[i], abs=1.5e-4) for i in iterations]
 
 
 def torchrun(*args, processes=2, env=None, timeout=300):

@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import attention
 import flash_varlen_on_a_cpu
@@ -406,3 +407,62 @@ def test_sampling_draws_each_token_from_the_last_positions_capped_logits():
         greedy = [model(sampled[:, :t])[0][:, -1].argmax(-1) for t in range(20, 25)]
     assert sampled.shape == (2, 25) and torch.equal(sampled[:, :20], x[:, :20])
     assert torch.equal(sampled[:, 20:], torch.stack(greedy, 1))
+
+
+
+
+class OperatorNames(TorchDispatchMode):
+    """The names of the aten operators dispatched while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func._opname)
+        return func(*args, **(kwargs or {}))
+
+
+def two_micro_batches(model, run=None):
+    """The gradients (name -> tensor) after the backwards of two micro-batches (tokens(), then its rows swapped) at a
+    tied training stage, and the operators of the backwards; run: the model's forward (model itself, or compiled)."""
+    stage = STAGES['step 1041: windows 5/11 after YaRN twice, mtp 1, the last tied step']
+    windows = tuple(w * CFG.block_size for w in stage.windows)
+    operators = OperatorNames()
+    for rows in ([0, 1], [1, 0]):
+        x, y = (t[rows] for t in tokens())
+        _, loss = (model if run is None else run)(x, y, windows=windows, mtp_weights=stage.mtp_weights, reduction='sum')
+        with operators:
+            loss.backward()
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, operators.names
+
+
+def test_the_tables_gradients_accumulate_in_place_as_autograds_would(monkeypatch):
+    """gpt2026.TableRows: over two micro-batches, every gradient (the tables', and the tied head's, which the
+    embedding's lookup adds to the loss's) equals autograd's own through F.embedding, which writes a whole table's
+    gradient at every lookup's backward (embedding_dense_backward) and then adds it; TableRows adds its rows alone."""
+    stage = STAGES['step 1041: windows 5/11 after YaRN twice, mtp 1, the last tied step']
+    grads, operators = two_micro_batches(port_model(stage))
+    monkeypatch.setattr(gpt2026, 'table_rows', F.embedding)
+    expected, autograds = two_micro_batches(port_model(stage))
+    assert grads.keys() == expected.keys() and {'transformer.bigram_embed.weight', 'lm_head.weight'} <= grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], expected[name], rtol=1e-12, atol=1e-12)
+    assert autograds.count('embedding_dense_backward') == 2 * 5  # the embedding, bigram and 3 value tables
+    assert 'embedding_dense_backward' not in operators and operators.count('index_put_') == 2 * 5
+
+
+@pytest.mark.slow
+def test_compiled_the_tables_are_looked_up_eagerly_with_the_same_gradients():
+    """torch.compile of the model (Inductor on the CPU, as the preset's compile=True on a GPU): the tables' lookups run
+    eagerly before its graph (TableRows' backward writes .grad, which no graph returns), and two micro-batches give
+    the eager model's loss and gradients, the tables' added in place."""
+    stage = STAGES['step 1041: windows 5/11 after YaRN twice, mtp 1, the last tied step']
+    eager = port_model(stage).float()
+    compiled = copy.deepcopy(eager)
+    expected, _ = two_micro_batches(eager)
+    grads, operators = two_micro_batches(compiled, torch.compile(compiled))
+    assert grads.keys() == expected.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], expected[name], rtol=1e-4, atol=1e-5)
+    assert 'embedding_dense_backward' not in operators and operators.count('index_put_') == 2 * 5
