@@ -268,11 +268,11 @@ class GPT2026(nn.Module):
     def set_extra_state(self, state):
         self.embedding_tied, self.rotary_windows = state['embedding_tied'], list(state['rotary_windows'])
 
-    def documents(self, idx, segments=None):
-        """{'single': docs, 'paired': docs} of idx (B, T), as attend takes them: each position's document id (a
-        document starts at each doc_token), for paired heads at each of positions 2t and 2t + 1 (GPT2026.rotary);
-        what `segments` makes of them if it is given."""
-        docs = (idx == self.config.doc_token).cumsum(1)
+    @staticmethod
+    def documents(docs, segments=None):
+        """{'single': docs, 'paired': docs} of docs (B, T), each position's document id (document_ids'), as attend
+        takes them: for paired heads at each of positions 2t and 2t + 1 (GPT2026.rotary); what `segments` makes of
+        them if it is given."""
         layouts = {'single': docs, 'paired': docs.repeat_interleave(2, dim=1)}
         return layouts if segments is None else {kind: segments(ids) for kind, ids in layouts.items()}
 
@@ -320,10 +320,13 @@ class GPT2026(nn.Module):
         config = self.config
         T = idx.size(1)
         start = 0 if cache is None else cache.length  # the first new position
-        seen = idx if cache is None else cache.append(idx)  # every token so far: the new ones' documents and bigrams
         windows = (config.short_window, config.long_window) if windows is None else windows
-        docs = self.documents(seen, self.segments if cache is None else None)
-        x, bigram, tables = self.table_rows(seen, start)
+        if cache is None:
+            context, docs = idx, self.documents(document_ids(idx, config.doc_token), self.segments)
+        else:  # the tokens before the new ones that the smear and bigrams read; the documents of those a window sees
+            context, kept_docs = cache.extend(idx, config.doc_token, max(windows) + 1)
+            docs = self.documents(kept_docs)
+        x, bigram, tables = self.table_rows(context, T)
         # smear: each position's embedding takes in the previous token's, as much as its own gate lets it
         gate = torch.sigmoid(self.smear_gate(x[:, 1:, :config.gate_inputs]))
         x = torch.cat((x[:, :1], x[:, 1:] + self.smear_lambda * gate * x[:, :-1]), dim=1)
@@ -345,14 +348,15 @@ class GPT2026(nn.Module):
         return rms_norm(x - self.backout_lambda * backout)
 
     @torch._disable_dynamo  # eager, before a compiled model's graph: TableRows' backward writes .grad
-    def table_rows(self, seen, start):
-        """The tables' rows for the new tokens of seen (B, length), from position `start`: the embedding's with the
+    def table_rows(self, context, T):
+        """The tables' rows for the last T tokens of context (B, before + T), which holds the tokens before them from
+        the row's start or the last 2 (the first two positions hash their bigrams apart): the embedding's with the
         token before them (for the smear), the bigram table's, and each value table's."""
-        new = seen[:, start:]
+        before = context.size(1) - T
         wte = self.lm_head.weight if self.embedding_tied else self.transformer.wte.weight
-        x = table_rows(seen[:, max(start - 1, 0):], wte)
-        bigram = self.transformer.bigram_embed(bigram_hash(seen, self.config.bigram_vocab_size)[:, start:])
-        return x, bigram, [table(new) for table in self.transformer.value_embeds]
+        x = table_rows(context[:, max(before - 1, 0):], wte)
+        bigram = self.transformer.bigram_embed(bigram_hash(context, self.config.bigram_vocab_size)[:, before:])
+        return x, bigram, [table(context[:, before:]) for table in self.transformer.value_embeds]
 
     def logits(self, hidden):
         """The capped logits of hidden states (..., n_embd), in fp32 (fp64 for fp64 weights): sampling's, and those
@@ -379,24 +383,34 @@ class GPT2026(nn.Module):
 
 
 class KVCache:
-    """Generation's memory between forwards: the tokens run so far, and each attention layer's keys and values of the
-    positions its window still reaches (in its layout: two positions a token for paired heads; long layers' keys
-    before their shift), so that GPT2026.forward(idx, cache=cache) runs only the new tokens idx, its attention at a
-    cost and in memory that stop growing once a sample is longer than the windows."""
+    """Generation's memory between forwards: each attention layer's keys and values of the positions its window still
+    reaches (in its layout: two positions a token for paired heads; long layers' keys before their shift), the
+    document ids of the last tokens a window reaches, the last two tokens (the smear's and the bigram hash's context)
+    and their count, so that GPT2026.forward(idx, cache=cache) runs only the new tokens idx, at a cost and in memory
+    that stop growing once a sample is longer than the windows."""
 
     def __init__(self, n_layer):
-        self.tokens = None  # (B, length)
+        self.length = 0  # the tokens run so far
+        self.tokens = None  # (B, 2) the last two
+        self.docs = None  # (B, kept) the document ids of the last ones
         # each layer's 'keys' and 'values' (B, positions, heads, D), the last window + 1 positions, and its 'window'
         self.layers = [{} for _ in range(n_layer)]
 
-    @property
-    def length(self):
-        return 0 if self.tokens is None else self.tokens.size(1)
+    def extend(self, idx, doc_token, keep):
+        """(the tokens kept followed by idx (B, T), the document ids of the positions kept and of idx's); then holds
+        idx too, of the document ids the last `keep` positions' (no window reaches further back)."""
+        self.length += idx.size(1)
+        docs = document_ids(idx, doc_token)
+        if self.docs is not None:
+            docs = torch.cat((self.docs, docs + self.docs[:, -1:]), dim=1)
+            idx = torch.cat((self.tokens, idx), dim=1)
+        self.tokens, self.docs = idx[:, -2:], docs[:, -keep:]
+        return idx, docs
 
-    def append(self, idx):
-        """Every token so far, idx (B, T) the last."""
-        self.tokens = idx if self.tokens is None else torch.cat((self.tokens, idx), dim=1)
-        return self.tokens
+
+def document_ids(idx, doc_token):
+    """Each position's document in idx (B, T): how many doc_tokens up to and including it (a document starts at each)."""
+    return (idx == doc_token).cumsum(1)
 
 
 def table_rows(idx, weight):

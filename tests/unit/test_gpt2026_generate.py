@@ -2,7 +2,7 @@
 each position runs through the model once. The model is the record's 11 layers (paired heads, long layers' shifted
 keys, value tables, the skip and the backout) at a small width, with large weights, windows shorter than the sequences
 (so that the cached positions' masks cut them), documents starting inside the prompt and the samples, after YaRN's
-rescaling and the embedding's split: what the cache must carry over from one forward to the next."""
+rescaling and the embedding's split: what the cache must carry over from one forward to the next, and no more."""
 import pytest
 import torch
 
@@ -54,6 +54,8 @@ def test_forward_with_cache_gives_the_logits_of_the_whole_sequence(doc_token):
     # window, layer 3's of the long one; layer 6 has no attention
     assert [cache.layers[i]['keys'].shape for i in (0, 3)] == [(2, 5 + 1, 3, 8), (2, 9 + 1, 6, 8)]
     assert cache.layers[6] == {}
+    # and of the tokens: the document ids the long window reaches, the last two (the smear's and the bigrams')
+    assert cache.docs.shape == (2, 9 + 1) and torch.equal(cache.tokens, idx[:, -2:])
 
 
 def test_forward_with_cache_under_autocast_gives_the_logits_of_the_whole_sequence():
