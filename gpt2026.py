@@ -409,7 +409,7 @@ class KVCache:
 
 
 def document_ids(idx, doc_token):
-    """Each position's document in idx (B, T): how many doc_tokens up to and including it (a document starts at each)."""
+    """Each position's document in idx (B, T): the doc_tokens up to and including it (a document starts at each)."""
     return (idx == doc_token).cumsum(1)
 
 

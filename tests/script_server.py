@@ -75,7 +75,8 @@ class ScriptServer:
 def request(address, run, fds, on_pid=None, while_alive=lambda: True):
     """Send the server `run` (argv, cwd, env, timeout, unbuffered) with fds as the child's stdin, stdout, stderr; call
     on_pid with the child's pid once it runs. The server's last answer: {'returncode': its exit status, None at its
-    timeout}; None where it refused the run. Should while_alive() turn false while waiting, the server kills the child."""
+    timeout}; None where it refused the run. Should while_alive() turn false while waiting, the server kills the
+    child."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.connect(address)
         socket.send_fds(connection, [b'.'], fds)

@@ -68,7 +68,8 @@ def test_train_mode_trains_the_model_and_optimizer_of_a_train_py_config(tmp_path
 
 
 def test_train_mode_skips_torchs_loss_where_torch_lacks_it_and_refuses_it_alone():
-    """docs/loss.md's command on torch 2.11 (the GPU suite's there): chunked and naive timed, torch's named as skipped."""
+    """docs/loss.md's command on torch 2.11 (the GPU suite's there): chunked and naive timed, torch's named as
+    skipped."""
     env = patched_env('torch_2_11')
     result = run_script('bench.py', *TINY_TRAIN, '--real_data=False', '--loss=chunked,naive,torch', env=env)
     assert result.returncode == 0, result.stderr

@@ -1,4 +1,5 @@
-"""bench_optim.py on the tiny character set: its curves and optimizer state bytes, and the recipe's summary over seeds."""
+"""bench_optim.py on the tiny character set: its curves and optimizer state bytes, and the recipe's summary over
+seeds."""
 import json
 
 import pytest

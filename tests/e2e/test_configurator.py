@@ -50,7 +50,8 @@ def test_every_key_of_the_tools_help_has_a_description(script):
     assert [key for key, (_, description) in keys.items() if not description] == []
     assert keys['dtype'][1].endswith('one of: float32, bfloat16, float16')
     if script == 'bench.py':  # its own keys first, a description of two lines whole, then train.py's, as train.py's
-        assert list(keys)[0] == 'mode' and keys['mode'][1].endswith('the presets on this card; one of: train, loss, sample, card')
+        assert list(keys)[0] == 'mode'
+        assert keys['mode'][1].endswith('the presets on this card; one of: train, loss, sample, card')
         train = configurator.train_keys()
         assert {key: keys[key][1] for key in ('n_layer', 'seed')} == {key: train[key].description
                                                                       for key in ('n_layer', 'seed')}

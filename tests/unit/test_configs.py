@@ -1,5 +1,5 @@
-"""Every config/ file loads through training/configurator.py with train.py's keys and passes train.py's checks; the presets
-for a card train what nanoGPT's presets train (that they fit their card: e2e/test_estimate_memory.py)."""
+"""Every config/ file loads through training/configurator.py with train.py's keys and passes train.py's checks; the
+presets for a card train what nanoGPT's presets train (that they fit their card: e2e/test_estimate_memory.py)."""
 import ast
 
 import pytest

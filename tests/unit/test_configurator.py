@@ -1,5 +1,6 @@
-"""training/configurator.py: nanoGPT's config files and --key=value overrides, --help, one-line errors, and read_keys, the
-reader of the scripts' declarations of their keys (train.py's block at its top) that runs none of their text."""
+"""training/configurator.py: nanoGPT's config files and --key=value overrides, --help, one-line errors, and
+read_keys, the reader of the scripts' declarations of their keys (train.py's block at its top) that runs none of their
+text."""
 import inspect
 
 import pytest
@@ -149,7 +150,8 @@ def test_read_keys_of_a_dict_and_a_base_whose_descriptions_it_keeps(tmp_path):
     ("log = open(MARKER, 'w').write('ran') # a side effect", r"line 4: a default is a literal, arithmetic, an earlier "
                                                             r"key or a call of default_device, .*; got \"open\("),
     ("import os # an import", r"line 4: only `key = default # what it does` lines declare keys, got 'import os'"),
-    ("print('ran') # a call", r"line 4: only `key = default # what it does` lines declare keys, got \"print\('ran'\)\""),
+    ("print('ran') # a call",
+     r"line 4: only `key = default # what it does` lines declare keys, got \"print\('ran'\)\""),
     ("seed = default_device(os.system('true')) # a table function, an argument that is not",
      r'line 4: a default is .*; got "os.system\(.true.\)"'),
     ("steps = later + 1 # a key declared further down", "line 4: .*got 'later'"),

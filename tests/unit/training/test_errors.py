@@ -47,7 +47,8 @@ def test_install_handler_drops_the_handlers_of_an_earlier_install():
     assert not errors.report_failure(KeyError('x'))
 
 
-@pytest.mark.parametrize('rank, every_rank, printed', [('0', False, 'error: bad\n'), ('1', False, 'error: rank 1: bad\n'),
+@pytest.mark.parametrize('rank, every_rank, printed', [('0', False, 'error: bad\n'),
+                                                        ('1', False, 'error: rank 1: bad\n'),
                                                         ('1', True, 'error: rank 1: bad\n')])
 def test_fail_names_the_rank_where_the_error_is_the_ranks_own(rank, every_rank, printed):
     """Rank 1 waits for torchrun to stop it once rank 0 has printed the same error (not waited for here)."""
