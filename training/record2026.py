@@ -213,8 +213,9 @@ class NorMuonAdam(torch.optim.Optimizer):
     Under torchrun each process holds the whole model, and step() first sums the gradients it updates over the
     processes (each one's are its micro-batches'), as the record's optimizer reduces them itself: no DDP wrapper,
     whose reduction would wait for wte's gradient while it has none (sum_over_processes). Each process holds and
-    steps the whole optimizer, or after shard() (parallelism='zero1') its share of the parameters (owners): their
-    state and their update, which it then sends to the others, as the record's optimizer shares out its work.
+    steps the whole optimizer, or after shard() (parallelism='zero1') its share (owners): the rows of Adam's
+    parameters that divide among the processes, NorMuon's matrices and the rest whole, their state and their update,
+    which it then sends to the others (share_updates), as the record's optimizer shares out its work.
     orthogonalization_dtype: Polar Express's (the record's bf16; None: the weights')."""
 
     def __init__(self, model, orthogonalization_dtype=torch.bfloat16):
@@ -232,17 +233,27 @@ class NorMuonAdam(torch.optim.Optimizer):
         super().__init__(groups, dict(lr=0.0, momentum=0.0))
         self.orthogonalization_dtype = orthogonalization_dtype
         self.adam_steps = True
-        self.owner = None  # shard(): the rank that steps each parameter
+        self.owner = None  # shard(): the rank that steps each parameter, or SLICED
+        self.rank, self.world = 0, 1
 
     def shard(self):
         """zero1 under torchrun: from here on this process keeps and steps the state of its share of the parameters
         alone (owners' over the processes of torch.distributed's default group), before any step."""
         assert not self.state, 'shard() before the first step: the state is handed out, not moved'
-        self.owner = owners(self.param_groups, world_size())
-        self.rank = dist.get_rank()
+        self.rank, self.world = dist.get_rank(), world_size()
+        self.owner = owners(self.param_groups, self.world)
 
     def owns(self, p):
-        return self.owner is None or self.owner[p] == self.rank
+        """Whether this process steps p, or rows of it."""
+        return self.owner is None or self.owner[p] in (self.rank, SLICED)
+
+    def rows(self, p, rank=None):
+        """The rows of p (and of its state and gradient) that this process (or the process `rank`) steps: its share
+        where p is SLICED, else all."""
+        if self.owner is None or self.owner[p] != SLICED:
+            return slice(None)
+        share, rank = p.size(0) // self.world, self.rank if rank is None else rank
+        return slice(rank * share, (rank + 1) * share)
 
     def schedule(self, step):
         """The record's lrs, momentum and Adam's turn for optimizer step `step` (from 0)."""
@@ -256,19 +267,20 @@ class NorMuonAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self):
-        sum_over_processes(self)
+        grads = sum_over_processes(self)
         for group in self.stepped_groups():
             for p in group['params']:
-                if p.grad is None or not self.owns(p):
+                if p not in grads:
                     continue
+                part = p[self.rows(p)]  # a view: its update is p's
                 state = self.state[p]
                 if not state:
-                    state.update(self.initial_state(p, group))
+                    state.update(self.initial_state(part, group))
                 if group['kind'] == 'normuon':
-                    normuon_update(p, p.grad, state, group['lr'], group['lr_multiplier'], group['momentum'],
+                    normuon_update(part, grads[p], state, group['lr'], group['lr_multiplier'], group['momentum'],
                                    group['n_matrices'], self.orthogonalization_dtype)
                 else:
-                    adam_update(p, p.grad, state, group['lr_multiplier'] * group['lr'], group['betas'],
+                    adam_update(part, grads[p], state, group['lr_multiplier'] * group['lr'], group['betas'],
                                 group['weight_decay'])
         share_updates(self)
 
@@ -287,36 +299,47 @@ class NorMuonAdam(torch.optim.Optimizer):
     def full_state_dict(self, master=True):
         """state_dict(), after shard() with every process's share, received by the master in host memory: a
         collective, every process calls it; the others get None."""
-        if self.owner is None:
-            return self.state_dict()
         whole = self.state_dict()
+        if self.owner is None:
+            return whole
         # what each process holds: the state's indices (state_dict's, over the groups' parameters) and numbers
-        held = [None] * world_size()
+        held = [None] * self.world
         dist.all_gather_object(held, {i: {k: v for k, v in state.items() if not torch.is_tensor(v)}
                                       for i, state in whole['state'].items()})
         params = [(p, group) for group in self.param_groups for p in group['params']]
         for i, (p, group) in enumerate(params):
             owner = self.owner[p]
-            if owner == 0 or i not in held[owner]:
+            senders = range(1, self.world) if owner == SLICED else [owner] if owner != 0 else []
+            if not senders or i not in held[senders[0]]:
                 continue
-            if self.rank == owner:
-                for key in sorted(k for k, v in self.state[p].items() if torch.is_tensor(v)):
+            shapes = {k: v for k, v in self.initial_state(p.detach().to('meta'), group).items() if torch.is_tensor(v)}
+            if self.rank in senders:
+                for key in sorted(shapes):
                     dist.send(self.state[p][key], dst=0)
-            elif self.rank == 0:  # shaped as the owner's: initial_state's
-                state = {k: v for k, v in self.initial_state(p, group).items() if torch.is_tensor(v)}
-                for key in sorted(state):
-                    dist.recv(state[key], src=owner)
-                whole['state'][i] = {**{k: v.cpu() for k, v in state.items()}, **held[owner][i]}
-        if self.rank == 0:
-            whole['state'] = dict(sorted(whole['state'].items()))
+            elif self.rank == 0:  # in host memory: the owner's state, or each process's rows of it
+                full = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in shapes.items()}
+                for key in sorted(shapes):
+                    for sender in senders:
+                        part = torch.empty_like(full[key][self.rows(p, sender)], device=p.device)
+                        dist.recv(part, src=sender)
+                        full[key][self.rows(p, sender)] = part.cpu()
+                    if owner == SLICED:
+                        full[key][self.rows(p)] = self.state[p][key].cpu()
+                whole['state'][i] = {**full, **held[senders[0]][i]}
+        whole['state'] = dict(sorted(whole['state'].items()))  # in parameter order, as one process's
         return whole if master else None
 
     def load_state_dict(self, state_dict):
         """A full state dict (full_state_dict's): after shard(), this process's share of it."""
         if self.owner is not None:
             params = [p for group in self.param_groups for p in group['params']]
-            state_dict = {**state_dict, 'state': {i: state for i, state in state_dict['state'].items()
-                                                  if self.owns(params[int(i)])}}
+            state = {}
+            for i, saved in state_dict['state'].items():
+                p = params[int(i)]
+                if self.owns(p):
+                    state[i] = {k: v[self.rows(p)] if torch.is_tensor(v) and v.shape == p.shape else v
+                                for k, v in saved.items()}
+            state_dict = {**state_dict, 'state': state}
         super().load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none=True):
@@ -329,23 +352,34 @@ class NorMuonAdam(torch.optim.Optimizer):
                     p.grad.zero_()
 
 
+SLICED = -1  # owners' mark of a parameter whose rows the processes share out
+# the collectives of SLICED parameters: torch 2.13 renamed them (the old names warn); torch 2.4 has the old alone
+REDUCE_SCATTER = getattr(dist, 'reduce_scatter_single', dist.reduce_scatter_tensor)
+ALL_GATHER = getattr(dist, 'all_gather_single', dist.all_gather_into_tensor)
+
+
 def owners(param_groups, world):
-    """{parameter: the rank of `world` that keeps and steps it}: the largest state first (Adam's two moments an
-    element, NorMuon's one), each to the rank holding the least so far, the ranks then numbered from the largest
-    share down (the memory estimator traces rank 0); the embeddings group (the head, and wte, which takes its state
-    at the split) as one."""
-    units = []
+    """{parameter: the rank of `world` that keeps and steps it, or SLICED}: Adam's parameters whose rows divide among
+    the processes are SLICED, each process stepping its rows (the record's sharded Adam); the others whole, the
+    largest state first (Adam's two moments an element, NorMuon's one), each to the rank holding the least so far,
+    the ranks then numbered from the largest share down (the memory estimator traces rank 0); the embeddings group
+    (the head, and wte, which takes its state at the split) as one."""
+    owner, units = {}, []
     for group in param_groups:
         moments = 2 if group['kind'] == 'adam' else 1
         params = [group['params']] if group['label'] == 'embeddings' else [[p] for p in group['params']]
-        units += [(moments * sum(p.numel() for p in unit), unit) for unit in params]
+        for unit in params:
+            if group['kind'] == 'adam' and all(p.size(0) % world == 0 for p in unit):
+                owner.update((p, SLICED) for p in unit)
+            else:
+                units.append((moments * sum(p.numel() for p in unit), unit))
     shares = [[0, []] for _ in range(world)]
     for size, unit in sorted(units, key=lambda u: -u[0]):  # stable: equal sizes in the groups' order
         share = min(shares, key=lambda s: s[0])
         share[0] += size
         share[1] += unit
     shares.sort(key=lambda s: -s[0])
-    return {p: rank for rank, (_, params) in enumerate(shares) for p in params}
+    return {**owner, **{p: rank for rank, (_, params) in enumerate(shares) for p in params}}
 
 
 def updated(optimizer):
@@ -361,20 +395,44 @@ def wait_all(works):
 
 @torch.no_grad()
 def sum_over_processes(optimizer):
-    """The gradients of the parameters the step updates summed over the processes (a collective, in step: every
-    process calls it): on every process, or after shard() on each parameter's owner alone. Those left to Adam's next
-    step stay each process's own, which that step sums with its micro-batches' (a checkpoint sums them:
-    training.checkpoint.pending_gradients). Nothing with one process."""
-    if world_size() > 1:
-        wait_all([dist.all_reduce(p.grad, async_op=True) if optimizer.owner is None else
-                  dist.reduce(p.grad, dst=optimizer.owner[p], async_op=True) for p in updated(optimizer)])
+    """{parameter: the gradient of its rows this process steps} for the parameters the step updates: their gradients
+    summed over the processes (a collective, in step: every process calls it), on every process (all_reduce), or
+    after shard() on each parameter's owner (reduce) or each process's rows of it (reduce_scatter). Those left to
+    Adam's next step stay each process's own, which that step sums with its micro-batches' (a checkpoint sums them:
+    training.checkpoint.pending_gradients)."""
+    params = updated(optimizer)
+    if world_size() == 1:
+        return {p: p.grad for p in params}
+    grads, works = {}, []
+    for p in params:
+        if optimizer.owner is None:
+            works.append(dist.all_reduce(p.grad, async_op=True))
+            grads[p] = p.grad
+        elif optimizer.owner[p] == SLICED:  # into a tensor of its own: the input's rows may not be the output
+            grads[p] = torch.empty_like(p.grad[optimizer.rows(p)])
+            works.append(REDUCE_SCATTER(grads[p], p.grad, async_op=True))
+        else:
+            works.append(dist.reduce(p.grad, dst=optimizer.owner[p], async_op=True))
+            if optimizer.owner[p] == optimizer.rank:
+                grads[p] = p.grad
+    wait_all(works)
+    return grads
 
 
 @torch.no_grad()
 def share_updates(optimizer):
-    """After shard(): each updated parameter sent from its owner to every process (a collective, in step)."""
-    if optimizer.owner is not None:
-        wait_all([dist.broadcast(p, src=optimizer.owner[p], async_op=True) for p in updated(optimizer)])
+    """After shard(): each updated parameter sent to every process from its owner, or each process's rows of it
+    (a collective, in step)."""
+    if optimizer.owner is None:
+        return
+    works, rows = [], []
+    for p in updated(optimizer):
+        if optimizer.owner[p] == SLICED:
+            rows.append(p[optimizer.rows(p)].clone())  # kept until the gather is done
+            works.append(ALL_GATHER(p, rows[-1], async_op=True))
+        else:
+            works.append(dist.broadcast(p, src=optimizer.owner[p], async_op=True))
+    wait_all(works)
 
 
 @torch.no_grad()

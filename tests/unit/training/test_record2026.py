@@ -59,28 +59,31 @@ def test_every_parameter_has_the_records_label_and_group():
     assert sorted(names[p] for group in optimizer.param_groups for p in group['params']) == sorted(names.values())
 
 
-def test_zero1_hands_out_the_state_largest_first_to_the_least_loaded_rank():
-    """record2026.owners: every parameter to one rank; the head and the embedding (whose state the split hands over)
-    to the same; each rank's state (Adam's two moments an element, NorMuon's one) within that pair's of the others';
-    the ranks numbered from the largest share down; one rank holds all."""
+def test_zero1_slices_adams_tables_and_hands_out_the_rest_largest_first_to_the_least_loaded_rank():
+    """record2026.owners: Adam's parameters whose rows divide among the processes SLICED (each process its rows),
+    every other parameter to one rank, the head and the embedding (whose state the split hands over) together; each
+    rank's whole parameters' state (Adam's two moments an element, NorMuon's one) within twice the largest one's of
+    the others', the ranks numbered from the largest share down; the same on every process."""
     optimizer = record2026.NorMuonAdam(gpt2026.GPT2026(copy.deepcopy(PORT)))
     params = {p: 2 if group['kind'] == 'adam' else 1 for group in optimizer.param_groups for p in group['params']}
-    assert set(record2026.owners(optimizer.param_groups, 1).values()) == {0}
-    largest = max(moments * p.numel() for p, moments in params.items())
-    for world in (2, 3, 4):
+    head, embedding = optimizer.param_groups[-1]['params']
+    assert optimizer.param_groups[-1]['label'] == 'embeddings'
+    for world in (2, 3, 4, 5):
         owner = record2026.owners(optimizer.param_groups, world)
-        assert owner.keys() == params.keys() and set(owner.values()) == set(range(world))
-        head, embedding = optimizer.param_groups[-1]['params']
-        assert optimizer.param_groups[-1]['label'] == 'embeddings' and owner[head] == owner[embedding]
-        shares = [sum(moments * p.numel() for p, moments in params.items() if owner[p] == rank)
-                  for rank in range(world)]
-        assert shares == sorted(shares, reverse=True) and shares[0] - shares[-1] <= 2 * largest
-        assert record2026.owners(optimizer.param_groups, world) == owner  # the same on every process
+        sliced = {p for p, moments in params.items() if moments == 2 and p.size(0) % world == 0}
+        assert owner.keys() == params.keys() and {p for p in owner if owner[p] == record2026.SLICED} == sliced
+        assert owner[head] == owner[embedding]
+        assert set(owner.values()) - {record2026.SLICED} == set(range(world))
+        whole = {p: moments * p.numel() for p, moments in params.items() if p not in sliced}
+        shares = [sum(size for p, size in whole.items() if owner[p] == rank) for rank in range(world)]
+        assert shares == sorted(shares, reverse=True) and shares[0] - shares[-1] <= 2 * max(whole.values())
+        assert record2026.owners(optimizer.param_groups, world) == owner
 
 
 def test_under_zero1_a_process_makes_loads_and_steps_the_state_of_its_share_alone():
     """As rank 0 and rank 1 of 2 (a stand-in process group, whose collectives move nothing): a step makes the state
-    of the rank's share and updates only its parameters; a full state dict (one process's) loads as that share."""
+    of the rank's share, its whole parameters' and its rows of the sliced ones, and updates only those; a full state
+    dict (one process's) loads as that share."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     def new_model():
@@ -105,11 +108,18 @@ def test_under_zero1_a_process_makes_loads_and_steps_the_state_of_its_share_alon
         try:
             model, optimizer = stepped_optimizer(shard=True)
             names = {p: n for n, p in model.named_parameters()}
-            owned = {names[p] for p, owner in optimizer.owner.items() if owner == rank}
-            assert {names[p] for p in optimizer.state} == owned - {'transformer.wte.weight'}
-            assert {n for n, p in model.named_parameters() if not torch.equal(p, before[n])} <= owned
-            optimizer.load_state_dict(full)
-            assert {names[p] for p in optimizer.state} == owned - {'transformer.wte.weight'}
+            stepped = {p for p in optimizer.owner if optimizer.owns(p) and p is not model.transformer.wte.weight}
+            sliced = {p for p in stepped if optimizer.owner[p] == record2026.SLICED}
+            assert {p for p in optimizer.owner if optimizer.owner[p] == rank} and sliced  # of both kinds
+            for loaded in (False, True):
+                if loaded:
+                    optimizer.load_state_dict(full)
+                assert set(optimizer.state) == stepped
+                for p in sliced:  # its rows' state: rank 0 the first half
+                    assert optimizer.state[p]['exp_avg'].shape == (p.size(0) // 2, *p.shape[1:])
+                    assert optimizer.rows(p) == slice(rank * p.size(0) // 2, (rank + 1) * p.size(0) // 2)
+            # updated: its whole parameters, and the sliced (the stand-in's gather copies its rows to the others')
+            assert {n for p, n in names.items() if not torch.equal(p, before[n])} <= {names[p] for p in stepped}
         finally:
             torch.distributed.destroy_process_group()
 

@@ -311,13 +311,15 @@ def test_estimator_traces_4_bytes_a_matrix_parameter(weighty):
 def test_a_record_model_under_zero1_holds_its_share_of_the_state_and_no_ddp_buckets(tmp_path):
     """gpt2026.py's optimizer sums the gradients over the processes in place (record2026.sum_over_processes), with no
     DDP wrapper, whose buckets model.py's GPT has (test_ddp_adds_a_copy_of_the_gradients); under zero1 rank 0 holds
-    the state of its share of the parameters (record2026.owners), the embedding's too after the split."""
+    the state of its share of the parameters (record2026.owners: its whole ones, and its half of the rows of Adam's
+    sliced ones), the embedding's too after the split."""
     config = {**record_config(tmp_path), 'gradient_accumulation_steps': 2, 'world_size': 2, 'parallelism': 'zero1'}
     double = em.trace(config, evaluate=False, warm_start=True)
     assert double['world_size'] == 2 and double['train']['breakdown']['ddp_gradient_buckets'] == 0
     optimizer = em.build({**config, 'world_size': 1})[1]
     owner = record2026.owners(optimizer.param_groups, 2)
     share = [-(-v.nbytes // CUDA_ALIGNMENT) * CUDA_ALIGNMENT  # as the caching allocator rounds each
-             for group in optimizer.param_groups for p in group['params'] if owner[p] == 0
-             for v in optimizer.initial_state(p, group).values() if torch.is_tensor(v)]
+             for group in optimizer.param_groups for p in group['params'] if owner[p] in (0, record2026.SLICED)
+             for v in optimizer.initial_state(p if owner[p] == 0 else p[:p.size(0) // 2], group).values()
+             if torch.is_tensor(v)]
     assert double['train']['breakdown']['optimizer_state'] == sum(share)
