@@ -397,8 +397,8 @@ class KVCache:
         self.layers = [{} for _ in range(n_layer)]
 
     def extend(self, idx, doc_token, keep):
-        """(the tokens kept followed by idx (B, T), the document ids of the positions kept and of idx's); then holds
-        idx too, of the document ids the last `keep` positions' (no window reaches further back)."""
+        """(the tokens kept, then idx (B, T); the document ids of the positions kept, then idx's). Then it holds idx
+        as well: the last two tokens, and the document ids of the last `keep` positions (no window reaches further)."""
         self.length += idx.size(1)
         docs = document_ids(idx, doc_token)
         if self.docs is not None:
