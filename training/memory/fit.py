@@ -13,6 +13,9 @@ LADDER = (
     ('as configured', {}, ''),
     ('smaller loss chunks', {'loss_chunk_mib': 128},
      'the loss in more, smaller chunks: a few more kernel launches a step (docs/loss.md)'),
+    ('optimizer state split over the processes', {'parallelism': 'zero1'},
+     'each process keeps and steps its share of the optimizer state, then sends the others the weights it updated: '
+     'more communication, no more compute (docs/parallel.md)'),
     ('activation checkpointing', {'activation_checkpointing': True},
      'one more forward pass of compute: each block runs its forward again in backward'),
     ('bf16 optimizer moments', {'optim': 'adamw_bf16'},
@@ -137,6 +140,8 @@ def ladder(config, budget_bytes, progress=silent):
     for name, keys, cost in LADDER:
         if keys.get('loss_chunk_mib', config['loss_chunk_mib']) > config['loss_chunk_mib']:
             continue  # the config's loss chunks are smaller already
+        if 'parallelism' in keys and (config['world_size'] == 1 or config['parallelism'] != 'ddp'):
+            continue  # one process has no state to split; zero1 and fsdp split it already
         rung = {**config, **levers, **keys}
         if rung['optimizer_in_backward']:  # one micro-step a step: at most the step's samples in one micro-batch
             rung.update(batch_size=config['batch_size'] * config['gradient_accumulation_steps'],

@@ -53,6 +53,26 @@ def test_ladder_climbs_to_the_first_rung_that_fits(tiny, trace_once):
     assert total(largest) <= budget < total(fit.rebatched(largest, last['largest_batch_size'] + 1))
 
 
+def test_under_torchrun_the_ladder_splits_the_optimizer_state_before_recomputing(tiny, trace_once):
+    """world_size=2 under ddp: a budget between micro-batch 1's total per process under ddp and under zero1 stops the
+    ladder at zero1, which costs no compute, before activation checkpointing; where the config is zero1 already (and
+    with one process: the ladder of test_ladder_climbs_to_the_first_rung_that_fits) the rung is not tried."""
+    tiny = {**tiny, 'n_layer': 2, 'block_size': 256, 'batch_size': 2, 'gradient_accumulation_steps': 2,
+            'world_size': 2}
+
+    def total(config):
+        return em.total_bytes(em.trace(config, evaluate=False, warm_start=True)['train']['peak_bytes'])
+
+    ddp, zero1 = (total(fit.rebatched({**tiny, 'parallelism': mode}, 1)) for mode in ('ddp', 'zero1'))
+    budget = (ddp + zero1) // 2
+    steps = fit.ladder(tiny, budget)
+    assert [(step['rung'], step['fits']) for step in steps] == [
+        ('as configured', False), ('smaller loss chunks', False), ('optimizer state split over the processes', True)]
+    assert steps[-1]['command']['parallelism'] == 'zero1' and steps[-1]['batch_1_total_bytes'] == zero1
+    assert 'optimizer state split over the processes' not in [
+        step['rung'] for step in fit.ladder({**tiny, 'parallelism': 'zero1'}, budget)]
+
+
 def test_a_record_model_is_offered_no_activation_checkpointing(tiny, monkeypatch):
     """gpt2026.py's training is the record's, without activation checkpointing: find_batch_size searches with it off
     alone, and auto_batch_size's error does not name it; model.py's GPT gets both."""
