@@ -473,7 +473,7 @@ def oom_message(e):
     phase, rows = ('training', batch_size) if raw_model.training else ('evaluation', eval_batch_size or batch_size)
     advice = oom_advice(phase, rows, gradient_accumulation_steps * ddp_world_size, ddp_world_size,
                         activation_checkpointing, stats, fixed_memory if stats else 0, optimizer_in_backward,
-                        checkpointing_possible=has_activation_checkpointing(config))
+                        checkpointing_possible=has_activation_checkpointing(config), parallelism=parallelism)
     return advice, dict(every_rank=True)
 on_error(torch.OutOfMemoryError, oom_message)
 

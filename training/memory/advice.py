@@ -39,13 +39,14 @@ def resplit(batch_size, gradient_accumulation_steps, world_size, largest):
 
 
 def oom_advice(phase, batch_size, gradient_accumulation_steps, world_size, activation_checkpointing, stats=None,
-               fixed=0, optimizer_in_backward=False, checkpointing_possible=True):
+               fixed=0, optimizer_in_backward=False, checkpointing_possible=True, parallelism='ddp'):
     """The message for an out-of-memory error in `phase` ('training' or 'evaluation').
 
     batch_size is the micro-batch of that phase (eval_batch_size for evaluation); gradient_accumulation_steps and
     world_size are the configured (global) values. stats: cuda_memory_stats(), or None where there are none (cpu).
     With optimizer_in_backward, which cannot accumulate, a smaller micro-batch is a smaller step.
-    checkpointing_possible: whether the run has activation checkpointing (model.py's GPT; gpt2026.py's record not)."""
+    checkpointing_possible: whether the run has activation checkpointing (model.py's GPT; gpt2026.py's record not).
+    parallelism: under torchrun, ddp's runs are told of zero1, which splits the optimizer state at no compute."""
     lines = [f'out of memory during {phase} at micro-batch {batch_size}.']
     if stats is not None:
         lines.append(f"memory: allocated {stats['allocated'] / GIB:.2f} GiB, reserved {stats['reserved'] / GIB:.2f} "
@@ -67,6 +68,8 @@ def oom_advice(phase, batch_size, gradient_accumulation_steps, world_size, activ
         batch, accumulation = resplit(batch_size, gradient_accumulation_steps, world_size, fit)
         steps.append(f'--batch_size={batch} --gradient_accumulation_steps={accumulation} (at least the same tokens '
                      f'per step)')
+    if world_size > 1 and parallelism == 'ddp':
+        steps.append('--parallelism=zero1 (each process keeps its share of the optimizer state)')
     if not activation_checkpointing and checkpointing_possible:
         steps.append("--activation_checkpointing=True (recomputes each block's forward in backward)")
     if not steps:

@@ -26,9 +26,12 @@ def test_oom_advice_commands_pass_train_py_checks(tiny, phase, batch_size, accum
     commands = [dict(arg[2:].split('=') for arg in part.split()) for part in suggestions if part.startswith('--')]
     assert commands
     for command in commands:
-        rules.check_config({**config, **{key: eval(value) for key, value in command.items()}}, world_size, 'cuda')
+        typed = {key: value if key == 'parallelism' else eval(value) for key, value in command.items()}
+        rules.check_config({**config, **typed}, world_size, 'cuda')
     if in_backward and phase == 'training':
         assert commands[0] == {'batch_size': '11'} and 'fewer tokens per step' in message
+    # under torchrun, ddp's training is told of zero1
+    assert ({'parallelism': 'zero1'} in commands) == (world_size > 1 and phase == 'training')
 
 
 def test_oom_advice_scales_the_batch_and_keeps_tokens():
@@ -52,3 +55,7 @@ def test_oom_advice_scales_the_batch_and_keeps_tokens():
     assert record.splitlines()[-1] == 'next step: a smaller block_size or model: batch 1 does not fit'
     assert '--activation_checkpointing' not in oom_advice('training', 2, 32, 1, False, stats, fixed=2 * GIB,
                                                           checkpointing_possible=False)
+    # under torchrun: zero1 for ddp, nothing to split further for zero1 or fsdp
+    assert '--parallelism=zero1' in oom_advice('training', 1, 32, 2, True, stats, fixed=2 * GIB)
+    for parallelism in ('zero1', 'fsdp'):
+        assert '--parallelism' not in oom_advice('training', 1, 32, 2, True, stats, 2 * GIB, parallelism=parallelism)
