@@ -95,8 +95,10 @@ def pick_batch_size(config, free_bytes):
     config = {**ESTIMATOR_DEFAULTS, **config}
     batch_size, totals = largest_batch(config, budget(config, free_bytes), cuda_context=False)
     if batch_size is None:
+        split = config['world_size'] > 1 and config['parallelism'] == 'ddp'
         lever = not config['activation_checkpointing'] and runs.has_activation_checkpointing(config)
-        hint = f"{'--activation_checkpointing=True, ' if lever else ''}a smaller model or block_size"
+        hint = (f"{'--parallelism=zero1, ' if split else ''}{'--activation_checkpointing=True, ' if lever else ''}"
+                f"a smaller model or block_size")
         raise ConfigError(f"auto_batch_size: even batch_size=1 needs about {totals[1] / GIB:.2f} GiB but the GPU has "
                           f"{free_bytes / GIB:.2f} GiB free, {config['gpu_headroom_gb']:g} GiB of it left to other "
                           f"programs (gpu_headroom_gb): try {hint}")

@@ -75,7 +75,8 @@ def test_under_torchrun_the_ladder_splits_the_optimizer_state_before_recomputing
 
 def test_a_record_model_is_offered_no_activation_checkpointing(tiny, monkeypatch):
     """gpt2026.py's training is the record's, without activation checkpointing: find_batch_size searches with it off
-    alone, and auto_batch_size's error does not name it; model.py's GPT gets both."""
+    alone, and auto_batch_size's error does not name it (under torchrun's ddp it names zero1); model.py's GPT gets
+    both."""
     found = {}
 
     def largest_batch(config, budget_bytes, loss='chunked', progress=None, cuda_context=True):
@@ -90,3 +91,6 @@ def test_a_record_model_is_offered_no_activation_checkpointing(tiny, monkeypatch
         fit.pick_batch_size(record, GIB // 2)
     with pytest.raises(ConfigError, match=r'\): try --activation_checkpointing=True, a smaller model or block_size$'):
         fit.pick_batch_size(tiny, GIB // 2)
+    # under torchrun's ddp, zero1 first: it splits the optimizer state at no compute
+    with pytest.raises(ConfigError, match=r'\): try --parallelism=zero1, a smaller model or block_size$'):
+        fit.pick_batch_size({**record, 'world_size': 2, 'gradient_accumulation_steps': 2}, GIB // 2)
