@@ -38,6 +38,12 @@ def resplit(batch_size, gradient_accumulation_steps, world_size, largest):
     return math.ceil(samples / accumulation), accumulation
 
 
+def zero1_splits_more(world_size, parallelism):
+    """Whether parallelism='zero1' would split the optimizer state over the processes where it is not split now: under
+    torchrun's ddp (zero1 and fsdp split it already; one process has no one to share it with)."""
+    return world_size > 1 and parallelism == 'ddp'
+
+
 def oom_advice(phase, batch_size, gradient_accumulation_steps, world_size, activation_checkpointing, stats=None,
                fixed=0, optimizer_in_backward=False, checkpointing_possible=True, parallelism='ddp'):
     """The message for an out-of-memory error in `phase` ('training' or 'evaluation').
@@ -68,7 +74,7 @@ def oom_advice(phase, batch_size, gradient_accumulation_steps, world_size, activ
         batch, accumulation = resplit(batch_size, gradient_accumulation_steps, world_size, fit)
         steps.append(f'--batch_size={batch} --gradient_accumulation_steps={accumulation} (at least the same tokens '
                      f'per step)')
-    if world_size > 1 and parallelism == 'ddp':
+    if zero1_splits_more(world_size, parallelism):
         steps.append('--parallelism=zero1 (each process keeps its share of the optimizer state)')
     if not activation_checkpointing and checkpointing_possible:
         steps.append("--activation_checkpointing=True (recomputes each block's forward in backward)")

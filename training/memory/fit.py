@@ -4,7 +4,7 @@ train.py's auto_batch_size) and the ladder of memory levers climbed until one do
 """
 from training import rules, runs
 from training.errors import ConfigError
-from training.memory.advice import resplit
+from training.memory.advice import resplit, zero1_splits_more
 from training.memory.estimate import (ESTIMATOR_DEFAULTS, GIB, allowance, budget, gib, measure, silent, total_bytes,
                                       trace)
 
@@ -95,7 +95,7 @@ def pick_batch_size(config, free_bytes):
     config = {**ESTIMATOR_DEFAULTS, **config}
     batch_size, totals = largest_batch(config, budget(config, free_bytes), cuda_context=False)
     if batch_size is None:
-        split = config['world_size'] > 1 and config['parallelism'] == 'ddp'
+        split = zero1_splits_more(config['world_size'], config['parallelism'])
         lever = not config['activation_checkpointing'] and runs.has_activation_checkpointing(config)
         hint = (f"{'--parallelism=zero1, ' if split else ''}{'--activation_checkpointing=True, ' if lever else ''}"
                 f"a smaller model or block_size")
@@ -142,8 +142,8 @@ def ladder(config, budget_bytes, progress=silent):
     for name, keys, cost in LADDER:
         if keys.get('loss_chunk_mib', config['loss_chunk_mib']) > config['loss_chunk_mib']:
             continue  # the config's loss chunks are smaller already
-        if 'parallelism' in keys and (config['world_size'] == 1 or config['parallelism'] != 'ddp'):
-            continue  # one process has no state to split; zero1 and fsdp split it already
+        if 'parallelism' in keys and not zero1_splits_more(config['world_size'], config['parallelism']):
+            continue
         rung = {**config, **levers, **keys}
         if rung['optimizer_in_backward']:  # one micro-step a step: at most the step's samples in one micro-batch
             rung.update(batch_size=config['batch_size'] * config['gradient_accumulation_steps'],
