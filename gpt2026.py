@@ -432,7 +432,8 @@ class TableRows(torch.autograd.Function):
     (zeros) at the first, and gives autograd none for the weight. Autograd's own would be the whole table's, written
     and then added to .grad, at every micro-batch of a step: the record's tables hold 347M values, several GB of
     memory traffic a micro-batch, where its rows are a few MB. Megatron-LM's gradient-accumulation fusion, for
-    tables: what waits for autograd's gradient (a DDP wrapper, a post-accumulate hook) does not see these."""
+    tables. The weight's accumulation node still runs after this backward, with nothing to add: its hooks (a DDP
+    wrapper's, a post-accumulate hook) see the whole gradient."""
 
     @staticmethod
     def forward(ctx, idx, weight):

@@ -452,6 +452,17 @@ def test_the_tables_gradients_accumulate_in_place_as_autograds_would(monkeypatch
     assert 'embedding_dense_backward' not in operators and operators.count('index_put_') == 2 * 5
 
 
+def test_the_tables_accumulation_hooks_see_their_whole_gradient():
+    """What a DDP wrapper or a post-accumulate hook reads at a table's accumulation hook is its .grad with this
+    backward's rows added: the hook runs after TableRows' backward, with nothing of its own to add."""
+    model = port_model(STAGES['step 1041: windows 5/11 after YaRN twice, mtp 1, the last tied step'])
+    table = model.transformer.bigram_embed.weight
+    seen = []
+    table.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.clone()))
+    grads, _ = two_micro_batches(model)
+    assert len(seen) == 2 and seen[0].abs().max() > 0 and torch.equal(seen[1], grads['transformer.bigram_embed.weight'])
+
+
 @pytest.mark.slow
 def test_compiled_the_tables_are_looked_up_eagerly_with_the_same_gradients():
     """torch.compile of the model (Inductor on the CPU, as the preset's compile=True on a GPU), 3 of the record's
