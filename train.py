@@ -174,7 +174,7 @@ min_lr = 6e-5 # minimum learning rate, should be ~= learning_rate/10 per Chinchi
 # DDP settings
 backend = default_backend() # torch.distributed's, under torchrun: nccl where there is a GPU, else gloo
 parallelism = 'ddp' # under torchrun, what each process keeps (docs/parallel.md): ddp all of the training state, zero1
-                    # a shard of AdamW's state, fsdp a shard of all of it
+                    # a shard of the optimizer's state, fsdp a shard of all of it
 fsdp_mixed_precision = False # fsdp: gather weights in dtype (bf16/fp16), half the traffic and gathered memory
 timeout = 600 # seconds a process waits for the others in a collective before it stops with an error
 # system
