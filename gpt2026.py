@@ -326,7 +326,7 @@ class GPT2026(nn.Module):
         else:  # the tokens before the new ones that the smear and bigrams read; the documents of those a window sees
             context, kept_docs = cache.extend(idx, config.doc_token, max(windows) + 1)
             docs = self.documents(kept_docs)
-        x, bigram, tables = self.table_rows(context, T)
+        x, bigram, tables = self.lookups(context, T)
         # smear: each position's embedding takes in the previous token's, as much as its own gate lets it
         gate = torch.sigmoid(self.smear_gate(x[:, 1:, :config.gate_inputs]))
         x = torch.cat((x[:, :1], x[:, 1:] + self.smear_lambda * gate * x[:, :-1]), dim=1)
@@ -348,7 +348,7 @@ class GPT2026(nn.Module):
         return rms_norm(x - self.backout_lambda * backout)
 
     @torch._disable_dynamo  # eager, before a compiled model's graph: TableRows' backward writes .grad
-    def table_rows(self, context, T):
+    def lookups(self, context, T):
         """The tables' rows for the last T tokens of context (B, before + T), which holds the tokens before them from
         the row's start or the last 2 (the first two positions hash their bigrams apart): the embedding's with the
         token before them (for the smear), the bigram table's, and each value table's."""
