@@ -16,10 +16,10 @@ model.py, attention.py, gpt2026.py, chunked_loss.py and training/ but for the ca
 module that measured it (PART_FILES) and the configs it ran. Given the report of an earlier run on the same GPU and
 torch (card_report), the card measures only the parts that it lacks (a stale part whose attempt failed lacks its
 result), then those a time limit stopped, then the stale ones (whose fingerprint changed: kept, and marked so, until
-measured again). A preset that this machine cannot run
-(train.py's own checks: torchao for 8-bit AdamW, an Ampere GPU for bf16 weights) is skipped with that line and tried
-again in a later run. Each part is stopped at card_preset_seconds, and the card at card_seconds: the part then running
-is stopped (its row says so, and a later run retries it), and the parts not started are left to a later run.
+measured again). A preset that this machine cannot run (train.py's own checks: torchao for 8-bit AdamW, an Ampere GPU
+for bf16 weights) is skipped with that line and tried again in a later run. Each part is stopped at
+card_preset_seconds, and the card at card_seconds: the part then running is stopped (its row says so, and a later run
+retries it), and the parts not started are left to a later run.
 
 On a CPU the same code runs at a CPU's scale (card_measure.TINY, bf16 autocast as on a GPU, GPT-2's vocabulary for
 nanoGPT's path; the presets' train.py eager, without a cap): the tests keep it working."""

@@ -164,9 +164,9 @@ STEPS = {'ours': ours_step, 'nanogpt': nanogpt_step}
 def count_step(config, loss='chunked', loop='ours', device_type='cuda'):
     """The OperatorCounter (its counts and waits, {part: aten operators}) of one training iteration of `config`
     (estimate_memory.py's keys) with `loss` ('chunked' or 'naive') in `loop` ('ours': train.py's train_step;
-    'nanogpt': nanoGPT's loop), counted after a first
-    iteration has made the optimizer's state, under FakeTensorMode with train.py's model and the optimizer it builds
-    on `device_type` (fused AdamW on CUDA), its attention kernels and autocast as the estimator traces them."""
+    'nanogpt': nanoGPT's loop), counted after a first iteration has made the optimizer's state, under
+    FakeTensorMode with train.py's model and the optimizer it builds on `device_type` (fused AdamW on CUDA), its
+    attention kernels and autocast as the estimator traces them."""
     with FakeTensorMode(), estimate.attention_as_on_cuda():
         counter = OperatorCounter()
         model, optimizer = estimate.build(config, 'cpu', device_type, **estimate.attention_kernels(config, device_type),

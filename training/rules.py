@@ -99,10 +99,10 @@ def check_config(config, world_size, device_type):
 def check_record_2026(config, world_size):
     """ConfigError for a model_file='gpt2026.py' run that the record's model and training cannot take: under
     torchrun parallelism 'ddp' or 'zero1' (its optimizer whole on each process, or each its share; no fsdp) and no
-    grad_clip (it would clip each
-    process's share of the gradients, which the optimizer sums in its step), the record's 11 layers, heads that pair,
-    documents to read, bf16 or fp32 (fp16's GradScaler would unscale the gradients Adam keeps between steps twice),
-    at most the record's 1,600 steps (its schedules end there), and no key of model.py's model or training."""
+    grad_clip (it would clip each process's share of the gradients, which the optimizer sums in its step), the
+    record's 11 layers, heads that pair, documents to read, bf16 or fp32 (fp16's GradScaler would unscale the
+    gradients Adam keeps between steps twice), at most the record's 1,600 steps (its schedules end there), and no key
+    of model.py's model or training."""
     record = f"model_file='{runs.RECORD_2026_FILE}'"
     defaults = train_defaults()
     changed = [key for key in MODEL_PY_KEYS if config[key] != defaults[key]]

@@ -133,10 +133,9 @@ def train_step(model, optimizer, batches, accumulation, ctx=nullcontext(), scale
     (0: none), the optimizer's step through the GradScaler (fp16; None: none) and the gradients freed (those the
     optimizer keeps for its next step aside). With optimizer_in_backward the step ran in backward and there is none
     left. forward_args: the model's keywords beyond X and Y (a run's forward_args: model.py's attn_window, gpt2026.py's
-    windows and MTP weights; None: none). set_sync(last): under DDP
-    or fsdp, whether the next backward reduces the gradients over the ranks: only on the last micro-step. Returns the
-    mean micro-batch loss as a tensor on the device (no sync) and the gradient norm before clipping (None without
-    clipping)."""
+    windows and MTP weights; None: none). set_sync(last): under DDP or fsdp, whether the next backward reduces the
+    gradients over the ranks: only on the last micro-step. Returns the mean micro-batch loss as a tensor on the
+    device (no sync) and the gradient norm before clipping (None without clipping)."""
     scaler = scaler or NO_SCALER
     forward_args = forward_args or {}
     gradient_scale = 1 / accumulation if gradient_scale is None else gradient_scale
