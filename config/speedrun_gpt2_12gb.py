@@ -2,9 +2,9 @@
 # (docs/record.md) ported key by key: its model, initialization, optimizer groups and hyperparameters, schedules and
 # data order, 1,390 steps of 524,288 tokens (0.73B). Its 80 runs ended at FineWeb validation loss 3.2791 on average
 # (standard deviation 0.0019, 3.2753-3.2837): 3.28 is about its mean, not a guarantee. What one card changes, each
-# with its reason in docs/record.md: the record's 8 x 65,536-token step accumulated as 64 x 8,192 in one process, the
-# masked attention of the record's block-wise window where it used FlexAttention, autocast over fp32 weights (its
-# embeddings were bf16), validation on held-out FineWeb documents (with HellaSwag).
+# with its reason in docs/record.md: the record's 8 x 65,536-token step accumulated as 64 x 8,192 in one process,
+# autocast over fp32 weights (its embeddings were bf16), validation on held-out FineWeb documents (with HellaSwag).
+# Its block-wise window runs in FlexAttention, the record's kernel, on CUDA, and masked attention elsewhere.
 # $ python prepare/openwebtext.py --dataset HuggingFaceFW/fineweb --name sample-10BT \
 #       --max_tokens 1_500_000_000 --out_dir data/fineweb
 # $ python estimate_memory.py config/speedrun_gpt2_12gb.py --gpu_memory_gb=12
