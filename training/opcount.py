@@ -178,8 +178,8 @@ def count_step(config, loss='chunked', loop='ours', device_type='cuda'):
         batches = step.Prefetcher(itertools.repeat(batch))
         ctx, scaler = estimate.autocast('cpu', config), step.NO_SCALER
         run = STEPS[loop]
-        run(model, optimizer, batches, config['gradient_accumulation_steps'], ctx, scaler, config['grad_clip'],
-            counter)  # the first iteration: the optimizer's state is made here, once a run
+        # the first iteration: the optimizer's state is made here, once a run, and one micro-step is enough for it
+        run(model, optimizer, batches, 1, ctx, scaler, config['grad_clip'], counter)
         counter.counts, counter.waits = dict.fromkeys(PARTS, 0), dict.fromkeys(PARTS, 0)
         with counter:
             run(model, optimizer, batches, config['gradient_accumulation_steps'], ctx, scaler, config['grad_clip'],
