@@ -29,9 +29,9 @@ def relative_error(a, b):
 
 
 def our_steps(config, vocab_size, weights, first, x, y):
-    """[(loss, gradients, weights after)] of two of train.py's iterations from `first`, under our names, for the model
-    and optimizer of `config` from `weights` (ours: {name: tensor}; those the model has), in float64; x, y: 2 rows,
-    one a micro-step."""
+    """(loss, gradients, weights after) of each of two of train.py's iterations from `first`, as each is taken, under
+    our names, for the model and optimizer of `config` from `weights` (ours: {name: tensor}; those the model has), in
+    float64; x, y: 2 rows, one a micro-step."""
     model_args, _ = rules.model_args(config, vocab_size)
     model, optimizer = step.build(config, model_args, 'cpu', 'cpu')
     model.double()
@@ -42,7 +42,6 @@ def our_steps(config, vocab_size, weights, first, x, y):
                 state[name].copy_(t)
     optimizer = KeepsGradients(optimizer, model)
     batches = step.Prefetcher(iter([(x[:1], y[:1]), (x[1:], y[1:])] * 3))  # the 2 rows as 2 micro-steps, and ahead
-    results = []
     for it in (first, first + 1):
         schedule_groups(optimizer.optimizer, it, scheduled_lr(it, config), config)  # as train.py's loop
         window = scheduled_window(it, config)
@@ -52,34 +51,32 @@ def our_steps(config, vocab_size, weights, first, x, y):
                                     grad_clip=config['grad_clip'], forward_args=dict(attn_window=window))
         assert relative_error(logged.double(), loss) < 1e-6
         after = {n: p.detach().clone() for n, p in model.named_parameters()}
-        results.append((loss, optimizer.grads[-1], after))
-    return results
+        yield loss, optimizer.grads[-1], after
 
 
 def disagreements(config, vocab_size, weights, x, y, first_steps, reference_step, to_ours, to_record, tolerance,
                   references=None):
-    """{what: relative error} over `tolerance` between our_steps and the reference's two steps from each of
+    """(what, relative error) over `tolerance` between our_steps and the reference's two steps from each of
     `first_steps`, from the same `weights` (the record's names): the loss, the gradients and the weights after each
-    step, of the parameters both have, under the record's names. reference_step(weights, state, x, y, it) -> (loss,
-    grads, weights, state); to_ours, to_record: the weight map each way. references: a dict that keeps the
+    step, of the parameters both have, under the record's names. Yielded as found, step by step, so that a caller
+    asking whether there is any stops at the first step that has one. reference_step(weights, state, x, y, it) ->
+    (loss, grads, weights, state); to_ours, to_record: the weight map each way. references: a dict that keeps the
     reference's steps by first step, for callers whose every call has the same weights and batch (a test module's
     cases, each changing only the port)."""
-    worst = {}
     references = {} if references is None else references
     for first in first_steps:
-        ours = [(loss, to_record(grads), to_record(after))
-                for loss, grads, after in our_steps(config, vocab_size, to_ours(weights), first, x, y)]
         if first not in references:
             steps, state, w = [], {}, weights
             for it in (first, first + 1):
                 loss, grads, w, state = reference_step(w, state, x, y, it)
                 steps.append((loss, grads, w))
             references[first] = steps
-        for i, (a_step, b_step) in enumerate(zip(ours, references[first])):
+        ours = our_steps(config, vocab_size, to_ours(weights), first, x, y)
+        for i, ((loss, grads, after), b_step) in enumerate(zip(ours, references[first])):
+            a_step = loss, to_record(grads), to_record(after)
             for kind, a, b in [('loss', a_step[0], b_step[0]),
                                *((f'grad {n}', a_step[1][n], b_step[1][n]) for n in b_step[1] if n in a_step[1]),
                                *((f'weight {n}', a_step[2][n], b_step[2][n]) for n in b_step[2] if n in a_step[2])]:
                 error = relative_error(a.double(), b)
                 if error > tolerance or math.isnan(error):
-                    worst[f'step {first + i}: {kind}'] = error
-    return worst
+                    yield f'step {first + i}: {kind}', error
