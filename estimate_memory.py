@@ -6,7 +6,7 @@ $ python estimate_memory.py config/train_gpt2.py --gpu_memory_gb=8 --ladder
 $ python estimate_memory.py config/train_openwebtext_12gb.py --gpu_memory_gb=12 && python train.py ...
 Same config files and --key=value overrides as train.py, plus this script's keys (--help lists them first). The
 config fits when training and evaluation fit the card less gpu_headroom_gb (memory left to other programs: a
-desktop, a browser; train.py's auto_batch_size leaves it too). --ladder adds memory levers one at a time
+desktop, a browser; train.py's auto_batch_size leaves it too); with eval_only=True, when its one evaluation does. --ladder adds memory levers one at a time
 (checkpointing, optimizer state, the step in backward, weight precision) until the config fits, and prints the keys to
 add to train.py's command. dtype defaults to bfloat16, as on a GPU. Progress goes to stderr, the report (or --json) to
 stdout. How it traces: training/memory/estimate.py.
@@ -68,19 +68,23 @@ def report(config, result):
              f"{result['gradient_accumulation_steps']}, world_size={result['world_size']}, {result['dtype']} autocast "
              f"(cache {'on' if config['autocast_cache'] else 'off'}), {config['weight_dtype']} weights, "
              f"{runs.optimizer_words(config)}, {result['loss']} loss, "
-             f"activation checkpointing {checkpointing}",
-             f"training peak of tensors: {gib(train['peak_bytes'])} ({TRACED_ITERATIONS} iterations traced, "
-             f"{result['micro_steps_traced']} micro-step(s) each: later micro-steps repeat the 2nd)"]
-    lines += [f"  {gib(size):>9}  {name.replace('_', ' ')}" for name, size in train['breakdown'].items()
-              if size or name != 'ddp_gradient_buckets']
-    lines += [f"  largest allocation: {allocation_text(train['largest_allocations'][0])}; in the loss path: "
-              + ', '.join(map(allocation_text, train['largest_loss_path_allocations'])),
-              f"allowance for what tensors don't show: {gib(sum(a.values()))}",
-              *(f'  {gib(size):>9}  {ALLOWANCE_NOTES[name]}' for name, size in a.items()),
-              f"estimated training total: {gib(result['total_bytes'])}",
-              f"evaluation forward (no_grad, batch {evaluation['batch_size']}): peak of tensors "
-              f"{gib(evaluation['peak_bytes'])}, {gib(result['eval_total_bytes'])} with the allowance"]
-    budget, needed = result['budget_bytes'], max(result['total_bytes'], result['eval_total_bytes'])
+             f"activation checkpointing {checkpointing}"]
+    if train is None:
+        lines.append('training: none, eval_only=True (train.py evaluates once and stops): the evaluation alone')
+    else:
+        lines += [f"training peak of tensors: {gib(train['peak_bytes'])} ({TRACED_ITERATIONS} iterations traced, "
+                  f"{result['micro_steps_traced']} micro-step(s) each: later micro-steps repeat the 2nd)",
+                  *(f"  {gib(size):>9}  {name.replace('_', ' ')}" for name, size in train['breakdown'].items()
+                    if size or name != 'ddp_gradient_buckets'),
+                  f"  largest allocation: {allocation_text(train['largest_allocations'][0])}; in the loss path: "
+                  + ', '.join(map(allocation_text, train['largest_loss_path_allocations']))]
+    lines += [f"allowance for what tensors don't show: {gib(sum(a.values()))}",
+              *(f'  {gib(size):>9}  {ALLOWANCE_NOTES[name]}' for name, size in a.items())]
+    if train is not None:
+        lines.append(f"estimated training total: {gib(result['total_bytes'])}")
+    lines.append(f"evaluation forward (no_grad, batch {evaluation['batch_size']}): peak of tensors "
+                 f"{gib(evaluation['peak_bytes'])}, {gib(result['eval_total_bytes'])} with the allowance")
+    budget, needed = result['budget_bytes'], max(result['total_bytes'] or 0, result['eval_total_bytes'])
     card = (f"a {config['gpu_memory_gb']:g} GB card ({gib(result['gpu_memory_bytes'])}, "
             f"{gib(result['headroom_bytes'])} of it left free: --gpu_headroom_gb)")
     hint = ' or --ladder' if result['activation_checkpointing'] else ', --activation_checkpointing=True or --ladder'
@@ -90,6 +94,8 @@ def report(config, result):
         "memory levers do not apply to gpt2026.py's record)")
     if result['fits']:
         lines.append(f'verdict: fits {card}, {gib(budget - needed)} to spare')
+    elif train is None:
+        lines.append(f'verdict: evaluation does NOT fit {card}, {gib(needed - budget)} over: lower --eval_batch_size')
     elif result['total_bytes'] <= budget:
         lines.append(f'verdict: training fits {card} but evaluation does NOT, {gib(needed - budget)} over: '
                      f'lower --eval_batch_size')
@@ -135,8 +141,8 @@ def report(config, result):
         else:
             lines.append('ladder: no rung fits this card: a smaller model or block_size'
                          + (', or several GPUs (fsdp)' if levers else ''))
-    for phase in ('train', 'eval') if 'measured' in result else ():
-        measured = result['measured']
+    measured = result.get('measured', {})
+    for phase in [phase for phase in ('train', 'eval') if phase in measured]:
         lines.append(f"measured on {measured['device']}, {phase}: max_memory_allocated "
                      f"{gib(measured[phase]['max_allocated_bytes'])}, max_memory_reserved "
                      f"{gib(measured[phase]['max_reserved_bytes'])}")

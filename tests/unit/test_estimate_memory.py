@@ -62,6 +62,8 @@ def test_find_batch_size_cli_returns_a_fitting_batch_whose_double_does_not_fit(t
     (['--measure'], 'CUDA is not available'),
     (['--fsdp_mixed_precision'], "parallelism='fsdp'"),
     (['--fsdp_mixed_precision', '--parallelism=fsdp', '--dtype=float32'], "dtype='float32'"),
+    (['--eval_only=True', '--ladder'], '--ladder sizes the training step, which eval_only=True never runs'),
+    (['--eval_only=True', '--find_batch_size'], '--find_batch_size sizes the training step'),
 ])
 def test_bad_input_is_one_line_error(argv, named, capsys):
     if '--measure' in argv and torch.cuda.is_available():
@@ -130,6 +132,28 @@ def test_exit_status_progress_and_json(tiny, capsys, monkeypatch):
             assert err.splitlines()[0] == 'overriding dropout rate to 0.0'  # on stderr, with the progress
             assert 'tracing training at micro-batch' in err.splitlines()[1]
     assert (estimate_memory.FITS, estimate_memory.DOES_NOT_FIT, estimate_memory.BAD_INPUT) == (0, 1, 2)
+
+
+def test_eval_only_is_judged_by_its_evaluation_of_the_weights_alone(weighty, capsys, monkeypatch):
+    """nanoGPT's eval configs (eval_only=True): train.py evaluates once and stops, so no gradient or AdamW moment
+    ever exists. The verdict and exit status are the evaluation's, of the model as built, not of an evaluation
+    traced after training steps, their state alive."""
+    params = sum(p.numel() for p in em.build(weighty)[0].parameters())
+    training = fit.estimate({**weighty, 'gpu_headroom_gb': 0.0})
+    evaluating = fit.estimate({**weighty, 'eval_only': True, 'gpu_headroom_gb': 0.0})
+    assert evaluating['train'] is None and evaluating['total_bytes'] is None
+    assert training['eval']['peak_bytes'] - evaluating['eval']['peak_bytes'] >= 8 * params  # the two moments
+    monkeypatch.setattr(estimate_memory, 'estimator_keys', lambda: as_keys({**weighty, 'eval_only': True}))
+    for total, status in ((evaluating['eval_total_bytes'], estimate_memory.FITS),
+                          (evaluating['eval_total_bytes'] - 2 ** 20, estimate_memory.DOES_NOT_FIT)):
+        assert total < training['total_bytes']  # a training config on that card would not fit
+        with pytest.raises(SystemExit) as exit_info:
+            estimate_memory.main([f'--gpu_memory_gb={total / GIB}', '--gpu_headroom_gb=0'])
+        out, err = capsys.readouterr()
+        assert exit_info.value.code == status
+        assert 'training: none, eval_only=True' in out and 'estimated training total' not in out
+        assert ('verdict: fits' if status == estimate_memory.FITS else 'verdict: evaluation does NOT fit') in out
+        assert 'eval_only: no training step to trace' in err
 
 
 def test_estimate_memory_reports_muon(weighty):

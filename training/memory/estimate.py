@@ -233,12 +233,14 @@ def traced_micro_steps(run, config):
 def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_start=False, device_type='cuda',
           progress=silent):
     """The traced peaks of `config`'s training iterations (see train_iterations for warm_start) and evaluation
-    forward (if `evaluate`) under FakeTensorMode, where no memory is used. Returns a JSON-able dict. device_type:
-    whose optimizer and autocast to trace, 'cuda' (the estimate) or 'cpu' (to compare with a real run on a CPU).
-    progress: called with a line of text at each micro-step (a large model's trace takes minutes)."""
+    forward (if `evaluate`) under FakeTensorMode, where no memory is used; with eval_only (train.py evaluates once
+    and stops) the evaluation forward alone, of the model as built, and train None. Returns a JSON-able dict.
+    device_type: whose optimizer and autocast to trace, 'cuda' (the estimate) or 'cpu' (to compare with a real run
+    on a CPU). progress: called with a line of text at each micro-step (a large model's trace takes minutes)."""
     batch_size, activation_checkpointing = config['batch_size'], config['activation_checkpointing']
     eval_batch_size = config['eval_batch_size'] or batch_size
-    progress(f"tracing training at micro-batch {batch_size}, gradient_accumulation_steps="
+    progress('eval_only: no training step to trace' if config['eval_only'] else
+             f"tracing training at micro-batch {batch_size}, gradient_accumulation_steps="
              f"{config['gradient_accumulation_steps']}, activation checkpointing "
              f"{'on' if activation_checkpointing else 'off'}, {runs.optimizer_words(config)}")
     tracer = MemoryTracer(alignment)
@@ -257,8 +259,10 @@ def trace(config, loss='chunked', evaluate=True, alignment=CUDA_ALIGNMENT, warm_
             buckets = torch.empty(sum(p.numel() for p in model.parameters()), dtype=torch.float32)
             tracer.retag(buckets, 'ddp_gradient_buckets')
         tracer.reset_peak()
-        train_iterations(model, optimizer, config, batch_size, 'cpu', warm_start, progress)
-        train = tracer.phase_result()
+        train = None
+        if not config['eval_only']:
+            train_iterations(model, optimizer, config, batch_size, 'cpu', warm_start, progress)
+            train = tracer.phase_result()
         evaluation = None
         if evaluate:
             progress(f'  evaluation forward at batch {eval_batch_size}')
@@ -287,13 +291,14 @@ def total_bytes(peak_bytes, cuda_context=True):
 
 def measure(config, loss='chunked'):
     """The ground truth on this machine's GPU: torch.cuda.max_memory_allocated/reserved over the same two training
-    iterations and the evaluation forward, run for real on CUDA."""
+    iterations (none with eval_only) and the evaluation forward, run for real on CUDA."""
     measured = dict(device=torch.cuda.get_device_name())
     with torch.device('cuda'):
         model, optimizer = build(config, 'cuda', loss_fn=LOSS_FUNCTIONS[loss])
-        for phase, run in (('train', lambda: train_iterations(model, optimizer, config, config['batch_size'], 'cuda')),
-                           ('eval', lambda: eval_forward(model, config, config['eval_batch_size'] or
-                                                         config['batch_size'], 'cuda'))):
+        phases = [('train', lambda: train_iterations(model, optimizer, config, config['batch_size'], 'cuda')),
+                  ('eval', lambda: eval_forward(model, config, config['eval_batch_size'] or config['batch_size'],
+                                                'cuda'))]
+        for phase, run in phases[1:] if config['eval_only'] else phases:
             torch.cuda.reset_peak_memory_stats()
             run()
             torch.cuda.synchronize()
@@ -317,6 +322,10 @@ def check_config(config):
     if config['loss'] != 'chunked' and config['model_file'] == runs.RECORD_2026_FILE:
         raise ConfigError(f"loss={config['loss']!r} is a loss of model.py's GPT; model_file='gpt2026.py' has its own "
                           f"(in chunks of rows): drop --loss")
+    for key in ('find_batch_size', 'ladder'):
+        if config[key] and config['eval_only']:
+            raise ConfigError(f"--{key} sizes the training step, which eval_only=True never runs: drop --{key}, and "
+                              f"lower --eval_batch_size if the evaluation does not fit")
     if config['measure'] and not torch.cuda.is_available():
         raise ConfigError(f'--measure runs two real training steps on a GPU, but CUDA is not available here '
                           f'(torch {torch.__version__}): drop --measure for the estimate alone')

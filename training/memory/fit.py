@@ -183,13 +183,14 @@ def estimate(config, progress=silent, warm_start=False):
     card_bytes = int(config['gpu_memory_gb'] * GIB)
     budget_bytes = budget(config, card_bytes)
     result = trace(config, config['loss'], progress=progress, warm_start=warm_start)
-    result['allowance'] = allowance(result['train']['peak_bytes'])
-    result['total_bytes'] = total_bytes(result['train']['peak_bytes'])
+    train = result['train']  # None with eval_only: train.py evaluates once and stops
+    result['allowance'] = allowance((train or result['eval'])['peak_bytes'])
+    result['total_bytes'] = total_bytes(train['peak_bytes']) if train else None
     result['eval_total_bytes'] = total_bytes(result['eval']['peak_bytes'])
     result['gpu_memory_bytes'] = card_bytes
     result['headroom_bytes'] = card_bytes - budget_bytes
     result['budget_bytes'] = budget_bytes
-    result['fits'] = max(result['total_bytes'], result['eval_total_bytes']) <= budget_bytes
+    result['fits'] = max(result['total_bytes'] or 0, result['eval_total_bytes']) <= budget_bytes  # or 0: eval_only
     if config['find_batch_size']:
         result['find_batch_size'] = find_batch_sizes(config, budget_bytes, progress)
     if config['ladder']:  # a config that fits needs no lever: an empty ladder
@@ -203,7 +204,10 @@ def estimate(config, progress=silent, warm_start=False):
 def run_summary(config, card_bytes):
     """train.py's record of its run's estimate (wandb's run config), in GiB: the traced tensor peak of training (what
     torch.cuda.max_memory_allocated measures), the totals with the allowance of training and evaluation, the card's
-    memory and whether both fit it. `config` has train.py's keys (world_size defaults to 1)."""
+    memory and whether both fit it (training's None with eval_only). `config` has train.py's keys (world_size
+    defaults to 1)."""
     result = estimate({**ESTIMATOR_DEFAULTS, **config, 'gpu_memory_gb': card_bytes / GIB}, warm_start=True)
-    return dict(train_peak_gib=result['train']['peak_bytes'] / GIB, total_gib=result['total_bytes'] / GIB,
+    train = result['train']
+    return dict(train_peak_gib=train['peak_bytes'] / GIB if train else None,
+                total_gib=result['total_bytes'] / GIB if train else None,
                 eval_total_gib=result['eval_total_bytes'] / GIB, card_gib=card_bytes / GIB, fits=result['fits'])
