@@ -175,14 +175,19 @@ def pretrained_model(init_from, dropout=0.0, **options):
     if hf.is_folder(init_from):
         return hf.folder_model(init_from, dropout, **options)
     try:
-        from huggingface_hub import try_to_load_from_cache  # a dependency of transformers
+        from huggingface_hub import constants, try_to_load_from_cache  # a dependency of transformers
         import transformers  # noqa: F401  GPT.from_pretrained imports it in turn
     except ImportError:
         raise ConfigError(f"init_from={init_from} loads OpenAI's weights with Hugging Face transformers: pip install "
                           f"transformers") from None
     if not isinstance(try_to_load_from_cache(init_from, 'config.json'), str):
+        if constants.HF_HUB_OFFLINE:  # HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE: no download is tried
+            raise ConfigError(f"{init_from}'s weights are not in the Hugging Face cache, and HF_HUB_OFFLINE is set: "
+                              f"unset it to download them once (network access), or pass --init_from=FOLDER, a "
+                              f"folder where a GPT-2 was saved with save_pretrained")
+        # transformers asks for two files (an adapter's config, then the model's), huggingface_hub five times each
         print(f"{init_from}'s weights are not in the Hugging Face cache: downloading them (without network access "
-              f"the download is retried for about half a minute)", flush=True)
+              f"each file is retried for about half a minute, then this stops)", flush=True)
     try:
         return GPT.from_pretrained(init_from, dict(dropout=dropout), **options)  # only dropout can be overridden
     except Exception as e:  # no network, no cached weights, a damaged cache: the fixes are the same

@@ -113,6 +113,18 @@ def test_gpt2_weights_that_cannot_download_say_so_before_the_wait_and_name_the_f
     assert '--init_from=FOLDER' in message and 'pip install' not in message
 
 
+def test_gpt2_weights_not_cached_under_hf_hub_offline_fail_at_once_naming_it(monkeypatch, capsys):
+    import huggingface_hub
+    monkeypatch.setattr(huggingface_hub, 'try_to_load_from_cache', lambda repo, name: None)  # not cached
+    monkeypatch.setattr(huggingface_hub.constants, 'HF_HUB_OFFLINE', True)
+    monkeypatch.setattr(ckpt.GPT, 'from_pretrained', lambda *args, **kwargs: pytest.fail('a download was tried'))
+    with pytest.raises(ckpt.ConfigError) as error:
+        ckpt.pretrained_model('gpt2')
+    assert 'downloading' not in capsys.readouterr().out
+    assert str(error.value).startswith("gpt2's weights are not in the Hugging Face cache, and HF_HUB_OFFLINE is set")
+    assert '--init_from=FOLDER' in str(error.value)
+
+
 def test_gpt2_weights_without_transformers_say_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, 'transformers', None)  # import transformers raises ImportError
     with pytest.raises(ckpt.ConfigError, match='pip install transformers'):
