@@ -45,7 +45,7 @@ from training import configurator
 from training import rules
 from training.checkpoint import (checkpoint_path, load_checkpoint, pending_gradients, restore_pending_gradients,
                                  restore_training_state, save_checkpoint)
-from training.data import get_encoding, sequential_offsets
+from training.data import check_tokens, get_encoding, sequential_offsets
 from training.device import (TORCH_DTYPES, cap_memory, check_device, default_backend, default_compile,
                              default_device, default_dtype, peak_flops)
 from training.errors import INTERRUPTED_STATUS, fail, first_line, install_handler, on_error
@@ -275,7 +275,7 @@ def get_batch(split, key, rows, rows_before=None):
     data = np.memmap(os.path.join(data_path, f'{split}.bin'), dtype=np.uint16, mode='r')
     if documents is not None: # gpt2026.py's rows, each from a document's start (training/documents.py)
         tokens = torch.from_numpy(documents.rows(data, key, rows, rows_before))
-        return on_device(tokens[:, :-1], tokens[:, 1:])
+        return on_device(tokens[:, :-1], tokens[:, 1:], data)
     if rows_before is not None:
         return windows(data, sequential_offsets(len(data), block_size, rows_before, rows))
     return windows(data, np.random.default_rng(key).integers(len(data) - block_size, size=rows))
@@ -284,9 +284,10 @@ def windows(data, ix):
     """The block_size windows of `data` at offsets ix and their next-token targets, on the device."""
     x = torch.stack([torch.from_numpy((data[i:i+block_size]).astype(np.int64)) for i in ix])
     y = torch.stack([torch.from_numpy((data[i+1:i+1+block_size]).astype(np.int64)) for i in ix])
-    return on_device(x, y)
+    return on_device(x, y, data)
 
-def on_device(x, y):
+def on_device(x, y, data):
+    check_tokens(data.filename, model_args['vocab_size'], x, y) # on the CPU: a GPU would stop at a device-side assert
     if device_type == 'cuda':
         # pin arrays x,y, which allows us to move them to GPU asynchronously (non_blocking=True)
         x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)

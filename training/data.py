@@ -58,6 +58,16 @@ def get_encoding(name):
                            f'TIKTOKEN_CACHE_DIR to a folder holding tiktoken\'s cached {name} files') from None
 
 
+def check_tokens(path, vocab_size, *batches):
+    """ConfigError where the batches read from `path` (CPU tensors) hold a token the model has no embedding for: a GPU
+    would stop at a device-side assert, a CPU at an IndexError, neither naming the file."""
+    largest = max(int(batch.max()) for batch in batches)
+    if largest >= vocab_size:
+        raise ConfigError(f"{path} holds token {largest}, but the model's vocabulary has {vocab_size} tokens (0 to "
+                          f"{vocab_size - 1}): the .bin files are not of the dataset the model's vocabulary (its "
+                          f"meta.pkl, or GPT-2's without one) is for; prepare the dataset again into a folder of its own")
+
+
 def sequential_offsets(n_tokens, block_size, first_row, rows):
     """The offsets of windows first_row .. first_row + rows - 1 of a file of n_tokens read as consecutive windows of
     block_size tokens (each followed by its last target), from the start again after the last whole window: every

@@ -264,7 +264,11 @@ def check_dataset(config):
         if not os.path.isfile(split_path):
             raise ConfigError(f"dataset {config['dataset']!r} is not prepared: {split_path} not found; "
                               f"{prepare_hint(config)}")
-        split_tokens = os.path.getsize(split_path) // 2  # uint16 tokens
+        split_bytes = os.path.getsize(split_path)
+        split_tokens = split_bytes // 2  # uint16 tokens
+        if split_bytes % 2:
+            raise ConfigError(f'{split_path} has {split_bytes:,} bytes, an odd number, so it is not uint16 tokens (a '
+                              f'copy cut short?): prepare the dataset again ({prepare_hint(config)})')
         if split_tokens == 0:
             raise ConfigError(f'{split_path} is empty: prepare the dataset again ({prepare_hint(config)})')
         if split_tokens <= block_size:
@@ -292,10 +296,14 @@ def meta_vocab_size(config):
         return None
     meta = load_meta(meta_path)
     try:
-        return int(meta['vocab_size'])
+        vocab_size = int(meta['vocab_size'])
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f'cannot read vocab_size from {meta_path} ({first_line(e)}): prepare the dataset '
                           f'again') from None
+    if vocab_size < 1:
+        raise ConfigError(f'{meta_path} has vocab_size {vocab_size}, but a vocabulary has at least one token: prepare '
+                          f'the dataset again')
+    return vocab_size
 
 
 def model_args(config, meta_vocab, resumed_model_args=None):

@@ -363,6 +363,10 @@ BAD_INPUTS = {  # name: (extra arguments, extra environment, what the one-line e
     'unwritable out_dir': (['--out_dir=/proc/nanogpt_out'], {}, "cannot write in out_dir='/proc/nanogpt_out'"),
     'not a checkpoint': (['--init_from=resume'], {}, 'is not a PyTorch checkpoint'),
     'empty val.bin': (['--dataset=empty_val'], {}, 'val.bin is empty: prepare the dataset again'),
+    'odd-sized train.bin': (['--dataset=odd_train'], {}, 'train.bin has 1,001 bytes, an odd number'),
+    'meta vocab_size below 1': (['--dataset=negative_vocab'], {}, 'has vocab_size -5, but a vocabulary has at least'),
+    # the .bin files of another vocabulary beside a meta.pkl: stopped at the first batch, before any step or save
+    'tokens beyond the vocabulary': (['--dataset=small_vocab'], {}, "but the model's vocabulary has 10 tokens (0 to 9)"),
     'hellaswag on characters': (['--hellaswag=True'], {}, "hellaswag=True scores GPT-2 tokens, but the model's "
                                                           "vocab_size is 34"),
 }
@@ -386,12 +390,16 @@ def bad_runs(tmp_path_factory, tiny_run):
     root = tmp_path_factory.mktemp('bad')
     write_char_dataset(root / 'data', 'big_vocab', vocab_size=100)
     (write_char_dataset(root / 'data', 'empty_val') / 'val.bin').write_bytes(b'')
+    (write_char_dataset(root / 'data', 'odd_train') / 'train.bin').write_bytes(bytes(1001))
+    write_char_dataset(root / 'data', 'negative_vocab', vocab_size=-5)
+    write_char_dataset(root / 'data', 'small_vocab', vocab_size=10)
     names = [name for name in BAD_INPUTS if not not_applicable(name)]
     cases, before = [], {}
     for name in names:
         args, env, _ = BAD_INPUTS[name]
         out_dir = root / name.replace(' ', '_')
-        own_data = ('missing dataset', 'meta vocab over model', 'empty val.bin')
+        own_data = ('missing dataset', 'meta vocab over model', 'empty val.bin', 'odd-sized train.bin',
+                    'meta vocab_size below 1', 'tokens beyond the vocabulary')
         data_dir = root / 'data' if name in own_data else tiny_data
         if name in ('block_size over model', 'meta vocab over model', 'truncated checkpoint'):
             shutil.copytree(tiny_out, out_dir)

@@ -4,6 +4,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tiktoken
+import torch
 
 from training import data
 from training.errors import ConfigError
@@ -46,3 +47,13 @@ def test_sequential_offsets_read_every_token_once_in_order_then_start_again():
     assert data.sequential_offsets(32, 8, 0, 4).tolist() == [0, 8, 16, 0]  # the 4th has no last target
     pieces = np.concatenate([data.sequential_offsets(1000, 8, first, 3) for first in range(0, 300, 3)])
     assert pieces.tolist() == data.sequential_offsets(1000, 8, 0, 300).tolist()
+
+
+def test_a_batch_with_a_token_past_the_vocabulary_names_the_file_and_the_token():
+    x, y = torch.tensor([[3, 1], [0, 2]]), torch.tensor([[1, 4], [2, 3]])
+    data.check_tokens('data/x/val.bin', 5, x, y)  # 0 to 4: every one has an embedding
+    with pytest.raises(ConfigError, match=r"data/x/val.bin holds token 4, but the model's vocabulary has 4 tokens "
+                                          r"\(0 to 3\)"):
+        data.check_tokens('data/x/val.bin', 4, x, y)
+    with pytest.raises(ConfigError, match='holds token 3'):  # an input token alone (the first of a row) counts
+        data.check_tokens('data/x/val.bin', 3, x, y[:, :1])

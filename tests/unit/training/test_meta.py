@@ -58,3 +58,12 @@ def test_a_damaged_meta_is_one_line(tmp_path, content, message):
     with pytest.raises(ConfigError, match=message) as e:
         load_meta(str(tmp_path / 'meta.pkl'))
     assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('vocab_size', [0, -5])
+def test_a_vocabulary_without_tokens_is_one_line(tmp_path, vocab_size):
+    write_char_dataset(tmp_path, 'none', vocab_size=1)
+    with open(tmp_path / 'none' / 'meta.pkl', 'wb') as f:
+        pickle.dump({'vocab_size': vocab_size}, f)
+    with pytest.raises(ConfigError, match=f'has vocab_size {vocab_size}, but a vocabulary has at least one token'):
+        rules.meta_vocab_size({'data_dir': str(tmp_path), 'dataset': 'none'})

@@ -183,6 +183,10 @@ def test_check_dataset(config, tmp_path):
     (tmp_path / 'tiny' / 'train.bin').write_bytes(bytes(20))
     with pytest.raises(ConfigError, match=r'the train split, .*train.bin, has 10 tokens .* a larger --max_tokens'):
         rules.check_dataset(config)
+    (tmp_path / 'tiny' / 'val.bin').write_bytes(bytes(201))
+    with pytest.raises(ConfigError, match=r'val.bin has 201 bytes, an odd number, so it is not uint16 tokens'):
+        rules.check_dataset({**config, 'block_size': 8})
+    (tmp_path / 'tiny' / 'val.bin').write_bytes(bytes(200))
     rules.check_dataset({**config, 'block_size': 8})
 
 
