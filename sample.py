@@ -73,9 +73,9 @@ if meta_path is not None and os.path.exists(meta_path):
     if missing:
         fail(f'{meta_path} has no {missing[0]!r} (a vocabulary of characters): prepare the dataset again')
     stoi, itos = meta['stoi'], meta['itos']
-    if meta['vocab_size'] > vocab_size:
-        fail(f"{meta_path} has vocab_size {meta['vocab_size']} but the model's is {vocab_size}: "
-             f"it is not the dataset this model was trained on")
+    if len(itos) != vocab_size: # fewer: a sampled token would have no character; more: a prompt's, no embedding
+        fail(f"{meta_path} has {len(itos)} characters but the model's vocabulary has {vocab_size} tokens: it is not "
+             f"the dataset this model was trained on")
 
     def encode(s):
         unknown = sorted(set(s) - set(stoi))

@@ -200,6 +200,9 @@ def load_model(init_from, out_dir, device):
     """(model, the config it was trained with or {}) for sampling and evaluation: out_dir's ckpt.pt with
     init_from='resume', OpenAI's GPT-2 weights, or a local GPT-2 folder's; in eval mode, on `device`. ConfigError
     with one line otherwise."""
+    if init_from == 'scratch':  # train.py's choice; there is nothing to load
+        raise ConfigError(f"init_from='scratch' is a model with random weights, nothing to sample or evaluate: use "
+                          f"one of {', '.join(LOAD_CHOICES)}")
     if init_from == 'resume':
         checkpoint = load_checkpoint(out_dir, device)
         model = runs.new_model(checkpoint['model_args'])

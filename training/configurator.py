@@ -185,7 +185,11 @@ def run_config_file(path, config):
     """Execute config file `path` on top of `config` (as nanoGPT: its names see the current values); return the keys
     it set, type-checked. Its own helper variables are ignored, except near misses of a key (typos)."""
     if not os.path.isfile(path):
-        raise ConfigError(f'config file {path} not found')
+        folder = os.path.dirname(path)
+        stems = [f[:-3] for f in os.listdir(folder or '.') if f.endswith('.py')] if os.path.isdir(folder or '.') else []
+        near = difflib.get_close_matches(os.path.basename(path).removesuffix('.py'), stems, n=1)  # not by '.py'
+        raise ConfigError(f'config file {path} not found: ' + (f'did you mean {os.path.join(folder, near[0])}.py?'
+                          if near else 'give the path of a config file, e.g. config/train_shakespeare_char.py'))
     with open(path, encoding='utf-8') as f:
         source = f.read()
     print(source)

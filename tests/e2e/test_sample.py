@@ -4,6 +4,7 @@ import re
 import shutil
 
 import pytest
+import torch
 
 from helpers import MODERN_ARCH_ARGS, TEXT, TINY_ARGS, run_script, write_char_dataset
 
@@ -62,6 +63,8 @@ def test_samples_from_a_modern_architecture_checkpoint(tmp_path):
     ('no new tokens', ['--max_new_tokens=-5'], 'max_new_tokens must be at least 1, got -5: e.g. --max_new_tokens=500'),
     ('more tokens than memory', ['--max_new_tokens=10000000000000'], "this run needs at least 74,505.8 GiB (a "
                                                                      "sample's tokens 74,505.8), more than"),
+    ("another dataset's meta.pkl", [], "has 13 characters but the model's vocabulary has 34 tokens"),
+    ('scratch', ['--init_from=scratch'], "init_from='scratch' is a model with random weights, nothing to sample"),
 ])
 def test_errors_are_one_line(tiny_run, tmp_path, case, args, message):
     _, _, tiny_out = tiny_run
@@ -71,6 +74,11 @@ def test_errors_are_one_line(tiny_run, tmp_path, case, args, message):
     if case == 'truncated':
         ckpt = out_dir / 'ckpt.pt'
         ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    if case == "another dataset's meta.pkl":  # the checkpoint's dataset, prepared again from other text
+        checkpoint = torch.load(out_dir / 'ckpt.pt', weights_only=True)
+        write_char_dataset(tmp_path / 'data', checkpoint['config']['dataset'], text='abcdefghijklm')
+        checkpoint['config']['data_dir'] = str(tmp_path / 'data')
+        torch.save(checkpoint, out_dir / 'ckpt.pt')
     result = sample(out_dir, *args)
     assert result.returncode == 2
     assert result.stderr.startswith('error: ') and result.stderr.count('\n') == 1, result.stderr

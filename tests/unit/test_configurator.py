@@ -2,6 +2,7 @@
 read_keys, the reader of the scripts' declarations of their keys (train.py's block at its top) that runs none of their
 text."""
 import inspect
+import re
 
 import pytest
 
@@ -67,8 +68,12 @@ def test_wrong_type_names_key_type_and_value(tmp_path):
 
 
 def test_missing_or_broken_config_file(tmp_path):
-    with pytest.raises(ConfigError, match='config file .*nope.py not found'):
+    with pytest.raises(ConfigError, match=r'config file .*nope.py not found: give the path of a config file, e\.g\. '):
         load_config(KEYS, [str(tmp_path / 'nope.py')])
+    write(tmp_path, 'batch_size = 8\n', 'train_small.py')
+    with pytest.raises(ConfigError, match=f"config file .*train_smal.py not found: did you mean "
+                                          f"{re.escape(str(tmp_path / 'train_small.py'))}\\?"):
+        load_config(KEYS, [str(tmp_path / 'train_smal.py')])
     with pytest.raises(ConfigError, match='bad.py.*NameError'):
         load_config(KEYS, [write(tmp_path, 'batch_size = undefined_name\n', 'bad.py')])
     with pytest.raises(ConfigError, match='expected --key=value'):
