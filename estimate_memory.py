@@ -18,6 +18,7 @@ import contextlib
 import inspect
 import io
 import json
+import os
 import sys
 import time
 
@@ -101,6 +102,12 @@ def report(config, result):
                      f'lower --eval_batch_size')
     else:
         lines.append(f'verdict: does NOT fit {card}, {gib(needed - budget)} over: try {fix}')
+    data = rules.dataset_path(config)
+    if config['init_from'] == 'scratch' and not any(os.path.exists(os.path.join(data, name))
+                                                    for name in ('meta.pkl', 'train.bin')):
+        lines.append(f"note: {data} is not prepared here, so vocab_size {m['vocab_size']:,} is GPT-2's, as train.py "
+                     f"takes it without a meta.pkl; a dataset of characters has far fewer tokens: prepare it (or give "
+                     f"--data_dir) for its own")
     if config['compile']:
         lines.append('note: traced in eager mode; torch.compile usually needs a little less activation memory')
     if config['dtype'] == 'float16':

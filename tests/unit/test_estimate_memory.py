@@ -156,6 +156,15 @@ def test_eval_only_is_judged_by_its_evaluation_of_the_weights_alone(weighty, cap
         assert 'eval_only: no training step to trace' in err
 
 
+def test_a_dataset_not_prepared_here_is_estimated_with_gpt2s_vocabulary_and_says_so(tiny, tmp_path):
+    """As train.py would build it without a meta.pkl; a prepared dataset (tiny's meta.pkl) has no such note."""
+    tiny = {**tiny, 'n_layer': 1, 'gradient_accumulation_steps': 1}
+    unprepared = {**tiny, 'dataset': 'shakespeare_char'}
+    text = estimate_memory.report(unprepared, fit.estimate(unprepared))
+    assert f"note: {tmp_path / 'shakespeare_char'} is not prepared here, so vocab_size 50,304 is GPT-2's" in text
+    assert 'is not prepared here' not in estimate_memory.report(tiny, fit.estimate(tiny))
+
+
 def test_estimate_memory_reports_muon(weighty):
     config = {**weighty, 'optim': 'muon'}
     text = estimate_memory.report(config, fit.estimate(config))
