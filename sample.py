@@ -6,7 +6,6 @@ $ python sample.py --init_from=gpt2-xl --start="What is the answer to life?" --n
 A checkpoint's tokens are decoded with the meta.pkl of the dataset it was trained on (data_dir/dataset from its
 config), and with GPT-2's BPE (tiktoken) when there is none. `--start=FILE:prompt.txt` reads the prompt from a file.
 """
-import os
 import sys
 import time
 from contextlib import nullcontext
@@ -14,13 +13,12 @@ from contextlib import nullcontext
 import torch
 
 from training import configurator
-from model import GPT2_VOCAB_SIZE
 from training.checkpoint import LOAD_CHOICES, load_model
 from training.data import get_encoding
 from training.device import DTYPES, TORCH_DTYPES, check_device, default_device, default_dtype
 from training.memory.floor import check_floor
 from training.errors import fail, first_line, install_handler
-from training.meta import load_meta, trained_meta_path
+from training.meta import characters, trained_meta_path
 
 install_handler() # bad input ends the script with one line and exit status 2 (training/errors.py)
 
@@ -63,19 +61,12 @@ model, train_config = load_model(init_from, out_dir, device)
 if compile:
     model = torch.compile(model) # requires PyTorch 2.0 (optional)
 
-# look for the meta pickle in case it is available in the dataset folder
+# the dataset's characters (its meta.pkl), or GPT-2's tokens
 meta_path = trained_meta_path(train_config)
-vocab_size = model.config.vocab_size
-if meta_path is not None and os.path.exists(meta_path):
+vocabulary = characters(meta_path, model.config.vocab_size)
+if vocabulary is not None:
     print(f"Loading meta from {meta_path}...")
-    meta = load_meta(meta_path)
-    missing = [key for key in ('stoi', 'itos') if key not in meta]
-    if missing:
-        fail(f'{meta_path} has no {missing[0]!r} (a vocabulary of characters): prepare the dataset again')
-    stoi, itos = meta['stoi'], meta['itos']
-    if len(itos) != vocab_size: # fewer: a sampled token would have no character; more: a prompt's, no embedding
-        fail(f"{meta_path} has {len(itos)} characters but the model's vocabulary has {vocab_size} tokens: it is not "
-             f"the dataset this model was trained on")
+    stoi, itos = vocabulary
 
     def encode(s):
         unknown = sorted(set(s) - set(stoi))
@@ -86,9 +77,6 @@ if meta_path is not None and os.path.exists(meta_path):
     def decode(ids):
         return ''.join([itos[i] for i in ids])
 else:
-    if vocab_size < GPT2_VOCAB_SIZE:
-        fail(f"the model's vocab_size is {vocab_size}, too small for GPT-2's tokens, and its dataset's meta.pkl "
-             f"({meta_path or 'none recorded'}) is not there: prepare that dataset again")
     # ok let's assume gpt-2 encodings by default
     print("No meta.pkl found, assuming GPT-2 encodings...")
     enc = get_encoding('gpt2')

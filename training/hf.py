@@ -15,10 +15,10 @@ from dataclasses import fields
 import torch
 
 from gpt2026 import GPT2026Config
-from model import GPT, GPT2_VOCAB_SIZE, GPTConfig, HF_TRANSPOSED
+from model import GPT, GPTConfig, HF_TRANSPOSED
 from training import runs
 from training.errors import ConfigError, first_line
-from training.meta import load_meta
+from training.meta import characters
 
 # model_args keys that GPT2Config expresses at any value; any other key exports only at GPTConfig's default
 EXPRESSIBLE_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'bias', 'dropout', 'tie_weights')
@@ -228,17 +228,11 @@ def check_exportable(checkpoint, path):
 def tokenizer_for(model_args, meta_path):
     """What the model's token ids mean: ('chars', meta) for a character vocabulary in meta.pkl, ('gpt2', files) for
     GPT-2's BPE, where files are the bytes of vocab.json and merges.txt from tiktoken's cache (fetched once if not
-    there). ConfigError before anything is written if neither can be had."""
-    if meta_path is not None and os.path.exists(meta_path):
-        meta = load_meta(meta_path)
-        if 'stoi' not in meta or 'itos' not in meta:
-            raise ConfigError(f'{meta_path} has no stoi/itos vocabulary: the export needs to know what the token '
-                              f'ids mean; prepare the dataset again')
-        return 'chars', meta
-    if model_args['vocab_size'] < GPT2_VOCAB_SIZE:
-        raise ConfigError(f"the model's vocab_size is {model_args['vocab_size']}, too small for GPT-2's tokens, and "
-                          f"its dataset's meta.pkl ({meta_path or 'none recorded'}) is not there: run from the "
-                          f"directory it was trained in, or prepare that dataset again")
+    there). ConfigError before anything is written if neither can be had (meta.characters' checks)."""
+    vocabulary = characters(meta_path, model_args['vocab_size'])
+    if vocabulary is not None:
+        stoi, itos = vocabulary
+        return 'chars', dict(stoi=stoi, itos=itos)
     from tiktoken.load import read_file_cached
     try:
         return 'gpt2', {name: read_file_cached(url, digest) for name, (url, digest) in GPT2_BPE_FILES.items()}

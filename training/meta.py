@@ -3,6 +3,7 @@ any code that a downloaded file might carry: pickle.load would call whatever the
 import os
 import pickle
 
+from model import GPT2_VOCAB_SIZE
 from training.errors import ConfigError, first_line
 
 META_NAME = 'meta.pkl'
@@ -43,3 +44,39 @@ def load_meta(path):
         raise ConfigError(f'{path} holds a {type(meta).__name__}, not the dict of a meta.pkl: prepare the dataset '
                           f'again')
     return meta
+
+
+def vocab_size_of(meta_path, meta):
+    """The vocab_size of meta.pkl at meta_path, read as `meta`: a model trained on it has that many tokens (train.py
+    builds it so), at least one. ConfigError with one line otherwise."""
+    try:
+        vocab_size = int(meta['vocab_size'])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f'cannot read vocab_size from {meta_path} ({first_line(e)}): prepare the dataset '
+                          f'again') from None
+    if vocab_size < 1:
+        raise ConfigError(f'{meta_path} has vocab_size {vocab_size}, but a vocabulary has at least one token: prepare '
+                          f'the dataset again')
+    return vocab_size
+
+
+def characters(meta_path, vocab_size):
+    """What the token ids of a model of vocab_size tokens mean: (stoi, itos) from meta.pkl at meta_path (its dataset's,
+    as trained_meta_path names it), or None without one, for GPT-2's tokens. ConfigError with one line where meta.pkl
+    has no characters, or is of another vocabulary than the model's (sampled tokens would have no character, a
+    prompt's no embedding), or where there is none and vocab_size is too small for GPT-2's tokens."""
+    if meta_path is not None and os.path.exists(meta_path):
+        meta = load_meta(meta_path)
+        missing = [key for key in ('stoi', 'itos') if key not in meta]
+        if missing:
+            raise ConfigError(f'{meta_path} has no {missing[0]!r} (a vocabulary of characters): prepare the dataset '
+                              f'again')
+        if vocab_size_of(meta_path, meta) != vocab_size:
+            raise ConfigError(f"{meta_path} has vocab_size {meta['vocab_size']} but the model's is {vocab_size}: it "
+                              f"is not the dataset this model was trained on")
+        return meta['stoi'], meta['itos']
+    if vocab_size < GPT2_VOCAB_SIZE:
+        raise ConfigError(f"the model's vocab_size is {vocab_size}, too small for GPT-2's tokens, and its dataset's "
+                          f"meta.pkl ({meta_path or 'none recorded'}) is not there: run from the directory it was "
+                          f"trained in, or prepare that dataset again")
+    return None

@@ -10,8 +10,8 @@ from model import GPT2_VOCAB_SIZE, GPTConfig
 from training import hf, optim, parallel, runs, step
 from training.device import DTYPES
 from training.checkpoint import LOAD_CHOICES, checkpoint_path
-from training.errors import ConfigError, first_line
-from training.meta import META_NAME, load_meta
+from training.errors import ConfigError
+from training.meta import META_NAME, load_meta, vocab_size_of
 from training.record2026 import NUM_ITERATIONS
 
 DEFAULT_VOCAB_SIZE = GPTConfig.vocab_size  # GPT-2's padded up to a multiple of 64, as nanoGPT does
@@ -294,16 +294,7 @@ def meta_vocab_size(config):
     meta_path = os.path.join(dataset_path(config), META_NAME)
     if not os.path.exists(meta_path):
         return None
-    meta = load_meta(meta_path)
-    try:
-        vocab_size = int(meta['vocab_size'])
-    except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f'cannot read vocab_size from {meta_path} ({first_line(e)}): prepare the dataset '
-                          f'again') from None
-    if vocab_size < 1:
-        raise ConfigError(f'{meta_path} has vocab_size {vocab_size}, but a vocabulary has at least one token: prepare '
-                          f'the dataset again')
-    return vocab_size
+    return vocab_size_of(meta_path, load_meta(meta_path))
 
 
 def model_args(config, meta_vocab, resumed_model_args=None):

@@ -10,14 +10,14 @@ import shutil
 import pytest
 import torch
 
-from helpers import (MODERN_ARCH_ARGS, RECORD_2026_ARGS, TEXT, TINY_ARGS, assert_same_model, run_python, run_script,
-                     trained_like_gpt, write_char_dataset, write_checkpoint)
+from helpers import (HF_ARGS, MODERN_ARCH_ARGS, RECORD_2026_ARGS, TEXT, TINY_ARGS, assert_same_model, run_python,
+                     run_script, trained_like_gpt, write_char_dataset, write_checkpoint)
 from training.checkpoint import load_checkpoint, load_model
 from training.meta import load_meta
 
 
 def test_character_tokenizer_is_the_datasets(tmp_path):
-    data = write_char_dataset(tmp_path / 'data')
+    data = write_char_dataset(tmp_path / 'data', vocab_size=HF_ARGS['vocab_size'])
     write_checkpoint(tmp_path / 'out', trained_like_gpt(0), data_dir=tmp_path / 'data')
     result = run_script('export_hf.py', f'--out_dir={tmp_path / "out"}', f'--hf_dir={tmp_path / "hf"}')
     assert result.returncode == 0, result.stderr

@@ -63,7 +63,7 @@ def test_samples_from_a_modern_architecture_checkpoint(tmp_path):
     ('no new tokens', ['--max_new_tokens=-5'], 'max_new_tokens must be at least 1, got -5: e.g. --max_new_tokens=500'),
     ('more tokens than memory', ['--max_new_tokens=10000000000000'], "this run needs at least 74,505.8 GiB (a "
                                                                      "sample's tokens 74,505.8), more than"),
-    ("another dataset's meta.pkl", [], "has 13 characters but the model's vocabulary has 34 tokens"),
+    ("another dataset's meta.pkl", [], "has vocab_size 13 but the model's is 34: it is not the dataset"),
     ('scratch', ['--init_from=scratch'], "init_from='scratch' is a model with random weights, nothing to sample"),
 ])
 def test_errors_are_one_line(tiny_run, tmp_path, case, args, message):

@@ -35,7 +35,7 @@ def export(out_dir, hf_dir, meta_path):
     (False, False, torch.bfloat16, 'module._orig_mod.'),
 ])
 def test_export_computes_what_the_checkpoint_computes(tmp_path, tied, bias, dtype, prefix):
-    data = write_char_dataset(tmp_path / 'data')
+    data = write_char_dataset(tmp_path / 'data', vocab_size=ARGS['vocab_size'])
     model = trained_like_gpt(0, tied=tied, bias=bias)
     write_checkpoint(tmp_path / 'out', model, prefix, dtype)
     export(tmp_path / 'out', tmp_path / 'hf', str(data / 'meta.pkl'))
@@ -81,7 +81,7 @@ def load_export(hf_dir):
     ({'pos_emb': 'rope'}, torch.float32, ''),  # one option GPT-2 lacks is enough
 ], ids=['modern', 'modern-tied', 'rope'])
 def test_any_other_architecture_exports_with_its_own_modeling_code(tmp_path, options, dtype, prefix):
-    data = write_char_dataset(tmp_path / 'data')
+    data = write_char_dataset(tmp_path / 'data', vocab_size=ARGS['vocab_size'])
     model = trained_like_gpt(0, **options)
     write_checkpoint(tmp_path / 'out', model, prefix, dtype)
     export(tmp_path / 'out', tmp_path / 'hf', str(data / 'meta.pkl'))
@@ -110,7 +110,7 @@ def test_any_other_architecture_exports_with_its_own_modeling_code(tmp_path, opt
 
 
 def test_an_export_computes_the_loss_generates_past_its_block_and_tokenizes(tmp_path):
-    data = write_char_dataset(tmp_path / 'data')
+    data = write_char_dataset(tmp_path / 'data', vocab_size=ARGS['vocab_size'])
     model = trained_like_gpt(0, **modern())
     write_checkpoint(tmp_path / 'out', model)
     export(tmp_path / 'out', tmp_path / 'hf', str(data / 'meta.pkl'))
@@ -159,7 +159,7 @@ def test_a_padded_batch_generates_each_prompts_own_tokens(tmp_path):
     GPT2LMHeadModel), or with the tokenizer's mask: each row gets the tokens its prompt gets alone, with or without
     use_cache, past block_size too; with the mask, those are GPT.generate's. The logits of a padded batch's tokens,
     left or right, are those of each row alone, whatever the padding's ids."""
-    data = write_char_dataset(tmp_path / 'data')
+    data = write_char_dataset(tmp_path / 'data', vocab_size=ARGS['vocab_size'])
     model = trained_like_gpt(6, **preset_args())  # a seed whose greedy tokens include newlines: documents start there
     write_checkpoint(tmp_path / 'out', model)
     export(tmp_path / 'out', tmp_path / 'hf', str(data / 'meta.pkl'))
@@ -254,7 +254,7 @@ def test_init_from_a_folder_is_that_model(tmp_path):
 
 
 def test_export_then_init_from_gives_the_same_weights(tmp_path):
-    data = write_char_dataset(tmp_path / 'data')
+    data = write_char_dataset(tmp_path / 'data', vocab_size=ARGS['vocab_size'])
     model = trained_like_gpt(0)
     write_checkpoint(tmp_path / 'out', model)
     export(tmp_path / 'out', tmp_path / 'hf', str(data / 'meta.pkl'))
@@ -273,7 +273,8 @@ def train_config(tmp_path, init_from, **keys):
 
 def test_an_export_goes_through_the_rules_with_its_options(tmp_path):
     write_checkpoint(tmp_path / 'out', trained_like_gpt(0, **modern()))
-    export(tmp_path / 'out', tmp_path / 'hf', str(write_char_dataset(tmp_path / 'data') / 'meta.pkl'))
+    data = write_char_dataset(tmp_path / 'data', vocab_size=ARGS['vocab_size'])
+    export(tmp_path / 'out', tmp_path / 'hf', str(data / 'meta.pkl'))
     config = train_config(tmp_path, str(tmp_path / 'hf'), block_size=8, dropout=0.1)
     rules.check_config(config, 1, 'cpu')
     args, crop = rules.model_args(config, None)
@@ -315,7 +316,8 @@ def test_a_folder_that_is_not_a_gpt2_is_one_line(tmp_path, make, message):
 
 def test_an_export_whose_weights_do_not_fit_its_config_is_one_line(tmp_path):
     write_checkpoint(tmp_path / 'out', trained_like_gpt(0, **modern()))
-    export(tmp_path / 'out', tmp_path / 'hf', str(write_char_dataset(tmp_path / 'data') / 'meta.pkl'))
+    data = write_char_dataset(tmp_path / 'data', vocab_size=ARGS['vocab_size'])
+    export(tmp_path / 'out', tmp_path / 'hf', str(data / 'meta.pkl'))
     saved = json.loads((tmp_path / 'hf' / 'config.json').read_text())
     (tmp_path / 'hf' / 'config.json').write_text(json.dumps({**saved, 'value_embeds': 2}))
     with pytest.raises(ConfigError, match=rf"^the weights in {tmp_path / 'hf'} do not fit its config.json \(.*"

@@ -7,7 +7,7 @@ import pytest
 from helpers import write_char_dataset
 from training import rules
 from training.errors import ConfigError
-from training.meta import load_meta
+from training.meta import characters, load_meta
 
 
 class WritesAFile:
@@ -67,3 +67,26 @@ def test_a_vocabulary_without_tokens_is_one_line(tmp_path, vocab_size):
         pickle.dump({'vocab_size': vocab_size}, f)
     with pytest.raises(ConfigError, match=f'has vocab_size {vocab_size}, but a vocabulary has at least one token'):
         rules.meta_vocab_size({'data_dir': str(tmp_path), 'dataset': 'none'})
+
+
+def test_characters_are_the_models_vocabulary_or_gpt2s(tmp_path):
+    """sample.py's and export_hf.py's reading of a checkpoint's meta.pkl: the characters of a vocabulary of the
+    model's size (a meta.pkl may pad it beyond its characters, as train.py builds the model with its vocab_size);
+    none (GPT-2's BPE) without a meta.pkl, where the model has GPT-2's tokens at least."""
+    path = write_char_dataset(tmp_path, text='abcab') / 'meta.pkl'
+    stoi, itos = characters(str(path), 3)
+    assert stoi == {'a': 0, 'b': 1, 'c': 2} and itos == {0: 'a', 1: 'b', 2: 'c'}
+    for vocab_size in (2, 65):  # sampled tokens without a character; prompts' without an embedding
+        with pytest.raises(ConfigError, match=f"has vocab_size 3 but the model's is {vocab_size}: it is not the "
+                                              f"dataset this model was trained on"):
+            characters(str(path), vocab_size)
+    assert characters(str(write_char_dataset(tmp_path, 'padded', text='abcab', vocab_size=8) / 'meta.pkl'),
+                      8) == (stoi, itos)
+    with open(path, 'wb') as f:
+        pickle.dump({'vocab_size': 3, 'stoi': stoi}, f)
+    with pytest.raises(ConfigError, match="has no 'itos' \\(a vocabulary of characters\\)"):
+        characters(str(path), 3)
+    assert characters(None, 50304) is None and characters(str(tmp_path / 'absent.pkl'), 50257) is None
+    with pytest.raises(ConfigError, match="the model's vocab_size is 65, too small for GPT-2's tokens, and its "
+                                          "dataset's meta.pkl \\(none recorded\\) is not there"):
+        characters(None, 65)
