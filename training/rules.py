@@ -297,6 +297,17 @@ def meta_vocab_size(config):
     return vocab_size_of(meta_path, load_meta(meta_path))
 
 
+def check_resumed_shape(config, resumed):
+    """ConfigError where config sets a key of the model's shape (off train.py's default: a config file or --key) to
+    other than the resumed model's `resumed` args: resume takes the checkpoint's shape, so it would go unread."""
+    defaults = train_defaults()
+    for key in ('n_layer', 'n_head', 'n_embd', 'bias', *MODERN_DEFAULTS):
+        if config[key] != defaults[key] and config[key] != resumed[key]:
+            raise ConfigError(f"{key}={config[key]!r}, but {checkpoint_path(config['out_dir'])} holds a model with "
+                              f"{key}={resumed[key]!r}, the shape a resume takes: drop --{key} (or the config file's "
+                              f"line), or start a new run in another --out_dir")
+
+
 def model_args(config, meta_vocab, resumed_model_args=None):
     """(model_args, crop): the arguments of the model train.py builds for config['init_from'] (scratch: the config's
     shape with meta_vocab or the padded GPT-2 vocabulary; resume: the checkpoint's shape; gpt2* or a Hugging Face
@@ -322,6 +333,7 @@ def model_args(config, meta_vocab, resumed_model_args=None):
         args.update({k: resumed_model_args[k] for k in ARCHITECTURE_KEYS})  # the rest (dropout) as configured
         # the modern options it was trained with; a checkpoint without them (nanoGPT's) is GPT-2's architecture
         args.update({k: resumed_model_args[k] for k in MODERN_DEFAULTS if k in resumed_model_args})
+        check_resumed_shape(config, {**MODERN_DEFAULTS, **args})
     else:
         pretrained = hf.pretrained_config(init_from)
         args.update({k: getattr(pretrained, k) for k in ARCHITECTURE_KEYS})

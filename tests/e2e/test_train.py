@@ -339,6 +339,7 @@ BAD_INPUTS = {  # name: (extra arguments, extra environment, what the one-line e
     'meta vocab over model': (['--init_from=resume', '--dataset=big_vocab'], {}, 'vocab_size 100'),
     'truncated checkpoint': (['--init_from=resume'], {}, 'truncated'),
     'resume without checkpoint': (['--init_from=resume'], {}, 'no checkpoint at'),
+    'resume of another shape': (['--init_from=resume', '--n_layer=3'], {}, 'n_layer=3, but '),
     'world size': (['--gradient_accumulation_steps=3'], {'RANK': '0', 'LOCAL_RANK': '0', 'WORLD_SIZE': '2'},
                    'gradient_accumulation_steps=3'),
     'unknown dtype': (['--dtype=float8'], {}, "dtype 'float8'"),
@@ -366,7 +367,8 @@ BAD_INPUTS = {  # name: (extra arguments, extra environment, what the one-line e
     'odd-sized train.bin': (['--dataset=odd_train'], {}, 'train.bin has 1,001 bytes, an odd number'),
     'meta vocab_size below 1': (['--dataset=negative_vocab'], {}, 'has vocab_size -5, but a vocabulary has at least'),
     # the .bin files of another vocabulary beside a meta.pkl: stopped at the first batch, before any step or save
-    'tokens beyond the vocabulary': (['--dataset=small_vocab'], {}, "but the model's vocabulary has 10 tokens (0 to 9)"),
+    'tokens beyond the vocabulary': (['--dataset=small_vocab'], {},
+                                     "but the model's vocabulary has 10 tokens (0 to 9)"),
     'hellaswag on characters': (['--hellaswag=True'], {}, "hellaswag=True scores GPT-2 tokens, but the model's "
                                                           "vocab_size is 34"),
 }
@@ -401,7 +403,8 @@ def bad_runs(tmp_path_factory, tiny_run):
         own_data = ('missing dataset', 'meta vocab over model', 'empty val.bin', 'odd-sized train.bin',
                     'meta vocab_size below 1', 'tokens beyond the vocabulary')
         data_dir = root / 'data' if name in own_data else tiny_data
-        if name in ('block_size over model', 'meta vocab over model', 'truncated checkpoint'):
+        resumed = ('block_size over model', 'meta vocab over model', 'truncated checkpoint', 'resume of another shape')
+        if name in resumed:
             shutil.copytree(tiny_out, out_dir)
         if name == 'truncated checkpoint':
             ckpt = out_dir / 'ckpt.pt'

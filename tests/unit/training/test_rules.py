@@ -84,19 +84,34 @@ def test_model_args_for_scratch_resume_and_gpt2(config):
     assert (args['vocab_size'], args['n_layer'], args['block_size'], crop) == (40, 2, 16, None)
     assert rules.model_args(config, None)[0]['vocab_size'] == rules.DEFAULT_VOCAB_SIZE
     resumed = dict(n_layer=3, n_head=2, n_embd=32, block_size=32, bias=True, vocab_size=64, dropout=0.0)
-    args, crop = rules.model_args({**config, 'init_from': 'resume', 'dropout': 0.1}, 40, resumed)
+    args, crop = rules.model_args({**config, 'init_from': 'resume', 'dropout': 0.1, 'n_layer': 12}, 40, resumed)
     assert (args['n_layer'], args['block_size'], args['vocab_size'], args['dropout']) == (3, 32, 64, 0.1)
     args, crop = rules.model_args({**config, 'init_from': 'gpt2-medium', 'block_size': 256}, None)
     assert (args['n_layer'], args['n_embd'], args['vocab_size'], args['block_size'], crop) == (24, 1024, 50257, 256,
                                                                                                 256)
 
 
+@pytest.mark.parametrize('key, value, saved', [('n_layer', 4, 3), ('bias', True, False), ('n_embd', 64, 32),
+                                               ('pos_emb', 'rope', "'learned'"), ('qk_norm', True, False)])
+def test_a_resume_refuses_a_shape_set_to_other_than_the_checkpoints(config, key, value, saved):
+    """Set off its default (in a config file or on the command line): a resume takes the checkpoint's shape, so the
+    setting would go unread. At its default (train.py's n_layer=12) or at the checkpoint's, it is accepted; a
+    nanoGPT checkpoint's model_args have no modern keys: GPT-2's architecture."""
+    resumed = dict(n_layer=3, n_head=2, n_embd=32, block_size=32, bias=False, vocab_size=64, dropout=0.0)
+    config = {**config, 'init_from': 'resume', 'out_dir': 'out', 'n_layer': 3}
+    with pytest.raises(ConfigError, match=f"{key}={value!r}, but out/ckpt.pt holds a model with {key}={saved}, the "
+                                          f"shape a resume takes: drop --{key}"):
+        rules.model_args({**config, key: value}, 40, resumed)
+    rules.model_args({**config, key: resumed.get(key, rules.MODERN_DEFAULTS.get(key))}, 40, resumed)
+
+
 def test_model_args_refuse_what_does_not_fit(config):
     resumed = dict(n_layer=3, n_head=2, n_embd=32, block_size=8, bias=True, vocab_size=64, dropout=0.0)
+    config_resumed = {**config, 'init_from': 'resume', 'n_layer': 3}
     with pytest.raises(ConfigError, match="block_size=16 is larger than the resumed model's 8"):
-        rules.model_args({**config, 'init_from': 'resume'}, None, resumed)
+        rules.model_args(config_resumed, None, resumed)
     with pytest.raises(ConfigError, match="meta.pkl has vocab_size 100 but the model's is 64"):
-        rules.model_args({**config, 'init_from': 'resume', 'block_size': 8}, 100, resumed)
+        rules.model_args({**config_resumed, 'block_size': 8}, 100, resumed)
     with pytest.raises(ConfigError, match="hellaswag=True scores GPT-2 tokens, but the model's vocab_size is 40"):
         rules.model_args({**config, 'hellaswag': True}, 40)
     assert rules.model_args({**config, 'hellaswag': True}, None)[0]['vocab_size'] == rules.DEFAULT_VOCAB_SIZE
@@ -114,10 +129,11 @@ def test_model_args_of_a_gpt2_architecture_are_nanogpts_and_modern_keys_are_reco
     args = rules.model_args({**config, **modern}, None)[0]
     assert set(args) == nanogpt_keys | set(modern) and all(args[k] == v for k, v in modern.items())
     resumed = dict(n_layer=3, n_head=2, n_embd=32, block_size=32, bias=True, vocab_size=64, dropout=0.0)
-    # a checkpoint without the keys (nanoGPT's) is GPT-2's architecture, whatever the config says; one with them
-    # keeps them
-    assert set(rules.model_args({**config, **modern, 'init_from': 'resume'}, None, resumed)[0]) == nanogpt_keys
-    args = rules.model_args({**config, 'init_from': 'resume'}, None, {**resumed, 'norm': 'rmsnorm'})[0]
+    # a checkpoint without the keys (nanoGPT's) is GPT-2's architecture (a config of other keys is refused:
+    # test_a_resume_refuses_a_shape_set_to_other_than_the_checkpoints); one with them keeps them
+    config = {**config, 'init_from': 'resume', 'n_layer': 3}
+    assert set(rules.model_args(config, None, resumed)[0]) == nanogpt_keys
+    args = rules.model_args(config, None, {**resumed, 'norm': 'rmsnorm'})[0]
     assert args['norm'] == 'rmsnorm'
 
 

@@ -11,7 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from conftest import estimator_config
 from helpers import check_only_the_naive_loss_holds_the_logits, gpt2_estimator_config
-from training import optim, optimizers, record2026
+from training import configurator, optim, optimizers, record2026
 from training.checkpoint import save_checkpoint
 from training.errors import ConfigError
 from training.memory import estimate as em
@@ -160,7 +160,8 @@ def test_a_record_model_is_traced_at_its_largest_stage_on_the_varlen_kernel(tmp_
 def test_resume_takes_the_model_from_the_checkpoint(tiny, tmp_path):
     model_args = dict(n_layer=3, n_head=2, n_embd=32, block_size=16, bias=False, vocab_size=100, dropout=0.0)
     save_checkpoint({'model': {}, 'model_args': model_args}, str(tmp_path / 'out'))
-    config = {**tiny, 'init_from': 'resume', 'out_dir': str(tmp_path / 'out'), 'block_size': 16}
+    shape = {key: configurator.train_defaults()[key] for key in ('n_layer', 'n_head', 'n_embd', 'bias')}  # unset
+    config = {**tiny, **shape, 'init_from': 'resume', 'out_dir': str(tmp_path / 'out'), 'block_size': 16}
     model = em.trace(config, evaluate=False)['model']
     assert {k: model[k] for k in ('n_layer', 'n_embd', 'block_size', 'vocab_size', 'bias')} == \
         dict(n_layer=3, n_embd=32, block_size=16, vocab_size=100, bias=False)
