@@ -65,7 +65,8 @@ def check_tokens(path, vocab_size, *batches):
     if largest >= vocab_size:
         raise ConfigError(f"{path} holds token {largest}, but the model's vocabulary has {vocab_size} tokens (0 to "
                           f"{vocab_size - 1}): the .bin files are not of the dataset the model's vocabulary (its "
-                          f"meta.pkl, or GPT-2's without one) is for; prepare the dataset again into a folder of its own")
+                          f"meta.pkl, or GPT-2's without one) is for; prepare the dataset again into a folder of its "
+                          f"own")
 
 
 def sequential_offsets(n_tokens, block_size, first_row, rows):

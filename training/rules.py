@@ -91,6 +91,9 @@ def check_config(config, world_size, device_type):
     if config['auto_batch_size'] and device_type != 'cuda':
         raise ConfigError(f"auto_batch_size=True sizes the batch for a CUDA card's memory: on {config['device']} set "
                           f"--batch_size yourself")
+    if config['auto_batch_size'] and config['eval_only']:
+        raise ConfigError('auto_batch_size=True sizes the training step, which eval_only=True never runs: set '
+                          '--eval_batch_size for the evaluation instead')
     if init_from == 'scratch' and config['n_embd'] % config['n_head'] != 0:
         raise ConfigError(f"n_embd={config['n_embd']} must be divisible by n_head={config['n_head']}")
     check_architecture(config)

@@ -279,3 +279,11 @@ def test_the_model_file_is_in_a_record_models_args_and_resume_takes_the_checkpoi
         rules.model_args(resumed, 40, gpt_args)
     with pytest.raises(ConfigError, match=r"holds a model of gpt2026.py, not of model_file='model.py'"):
         rules.model_args({**resumed, 'model_file': 'model.py'}, 40, args)
+
+
+def test_auto_batch_size_has_no_training_step_to_size_under_eval_only(config):
+    cuda = {**config, 'device': 'cuda', 'dtype': 'bfloat16', 'backend': 'nccl', 'auto_batch_size': True}
+    rules.check_config(cuda, 1, 'cuda')
+    with pytest.raises(ConfigError, match='auto_batch_size=True sizes the training step, which eval_only=True never '
+                                          'runs: set --eval_batch_size'):
+        rules.check_config({**cuda, 'eval_only': True}, 1, 'cuda')
