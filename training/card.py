@@ -214,7 +214,7 @@ def measure_part(result, kind, job, limit, code, progress):
 
 
 def run(device, device_type, names=(), steps=3, seconds=1800, part_seconds=600, report='card', progress=print,
-        config_dir='config'):
+        config_dir=os.path.join(ROOT, 'config')):
     """Everything the card mode measures, added to the report at `report` (its path without the extension) and
     written there after each part: the parts its report lacks or holds stale (see the module's docstring), the
     presets among them those of `names` (or all), within part_seconds each and `seconds` in all. The result."""

@@ -23,6 +23,7 @@ from training.card_checks import autocast
 from training.data import atomic_files
 from training.device import check_device, peak_flops
 from training.errors import ConfigError, first_line
+from training.paths import ROOT # the children run from the repository
 from training.memory.estimate import random_batch
 from training.recipe import at_depth
 
@@ -31,7 +32,6 @@ TINY = dict(n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=2, eval_ba
             attn_window_warmup_start=16)
 NANOGPT_CONFIG = 'train_gpt2.py' # nanoGPT's default run: GPT-2 124M, micro-batch 12 x 1024
 SPEEDRUN = 'speedrun_gpt2_12gb.py' # the record's preset: its model is checked and profiled, its hours reported
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) # the children run from the repository
 
 
 def run_child(argv, seconds, on_line=lambda line: None, meanwhile=lambda: None):

@@ -12,6 +12,7 @@ from training.card_checks import CHECK_STEPS, CHECKS
 from training.card_measure import NANOGPT_CONFIG, SPEEDRUN, write_atomically
 from training.card_profile import CATEGORIES, OTHER
 from training.errors import ConfigError, first_line
+from training.paths import ROOT
 
 GIB = 2 ** 30
 STALE = ' (stale: measured with another version of its code or preset)'
@@ -218,5 +219,5 @@ def committed_reports(folder):
 
 if __name__ == '__main__':
     from training.card_train import preset_paths
-    print(coverage([os.path.basename(path) for path in preset_paths('config')], committed_reports(sys.argv[1])),
-          end='')
+    names = [os.path.basename(path) for path in preset_paths(os.path.join(ROOT, 'config'))]
+    print(coverage(names, committed_reports(sys.argv[1])), end='')

@@ -42,7 +42,7 @@ def card_gib(path):
     return int(PRESET_PATTERN.search(os.path.basename(path)).group(1))
 
 
-def preset_paths(config_dir='config'):
+def preset_paths(config_dir):
     """The card presets, config/*_<N>gb.py, in the card's order: the speedrun preset, the other presets that train
     from scratch, then the finetunes (a pretrained GPT-2's shape, up to xl: the longest to compile and step); each
     group the 12 GB ones first, then from the least memory up (training_floor: weights, gradients and block inputs,

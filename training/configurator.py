@@ -29,8 +29,9 @@ import tokenize
 
 from training.device import default_backend, default_compile, default_device, default_dtype
 from training.errors import ConfigError
+from training.paths import ROOT
 
-TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'train.py')
+TRAIN_PY = os.path.join(ROOT, 'train.py')
 SEPARATOR = '# ' + '-' * 77  # nanoGPT's line around train.py's keys
 CONFIG_TYPES = (int, float, bool, str, type(None))
 # the calls a default may make: what the machine has, so that the defaults suit it (training/device.py)

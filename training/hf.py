@@ -19,6 +19,7 @@ from model import GPT, GPTConfig, HF_TRANSPOSED
 from training import runs
 from training.errors import ConfigError, first_line
 from training.meta import characters
+from training.paths import ROOT
 
 # model_args keys that GPT2Config expresses at any value; any other key exports only at GPTConfig's default
 EXPRESSIBLE_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'bias', 'dropout', 'tie_weights')
@@ -39,7 +40,6 @@ HF_WEIGHT_FILES = ('model.safetensors', 'model.safetensors.index.json', 'pytorch
                    'pytorch_model.bin.index.json')
 # an export with its own modeling code: model.py from the repository's root, the wrappers from hf_code/, and the
 # Auto classes that config.json's auto_map points at them; the wrapper holds the GPT as `gpt`
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HF_CODE_DIR = os.path.join(ROOT, 'training', 'hf_code')
 MODEL_TYPE = 'nanogpt'
 AUTO_MAP = {'AutoConfig': 'configuration_nanogpt.NanoGPTConfig',

@@ -1,9 +1,12 @@
 """Paths: every relative path (config files, out_dir, data_dir, the prepare scripts' --out_dir) is relative to the
-current directory, as in nanoGPT's train.py. A directory a script will write into is checked before any work."""
+current directory, as in nanoGPT's train.py; the project's own files are found from ROOT. A directory a script will write into is checked before any work."""
 import os
 import tempfile
 
 from training.errors import ConfigError, first_line
+
+# The project's folder: its own files (train.py, config/, prepare/, training/) are found from here, wherever it runs
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def check_writable_dir(path, key='out_dir'):

@@ -12,6 +12,7 @@ from training.device import DTYPES
 from training.checkpoint import LOAD_CHOICES, checkpoint_path
 from training.errors import ConfigError
 from training.meta import META_NAME, load_meta, vocab_size_of
+from training.paths import ROOT
 from training.record2026 import NUM_ITERATIONS
 
 DEFAULT_VOCAB_SIZE = GPTConfig.vocab_size  # GPT-2's padded up to a multiple of 64, as nanoGPT does
@@ -284,8 +285,7 @@ def check_dataset(config):
 def prepare_hint(config):
     """The command that prepares config's dataset where train.py reads it (paths relative to the current directory,
     like every path here), or where such files come from."""
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'prepare',
-                          f"{config['dataset']}.py")
+    script = os.path.join(ROOT, 'prepare', f"{config['dataset']}.py")
     if not os.path.isfile(script):
         return 'put nanoGPT-format train.bin and val.bin there (see data/README.md)'
     out_dir = '' if config['data_dir'] == 'data' else f' --out_dir {dataset_path(config)}'
