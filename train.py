@@ -44,7 +44,7 @@ from torch.distributed import init_process_group, destroy_process_group
 from training import configurator
 from training import rules
 from training.checkpoint import (checkpoint_path, load_checkpoint, pending_gradients, restore_pending_gradients,
-                                 restore_training_state, save_checkpoint)
+                                 restore_training_state, save_checkpoint, saved_iteration)
 from training.data import check_tokens, get_encoding, sequential_offsets
 from training.device import (TORCH_DTYPES, cap_memory, check_device, default_backend, default_compile,
                              default_device, default_dtype, peak_flops)
@@ -356,16 +356,17 @@ if init_from == 'resume':
     restore_training_state(checkpoint, optimizer, scaler, config, ddp_rank, ddp_world_size, device)
     restore_pending_gradients(raw_model, checkpoint, master_process)
 checkpoint = None # free up memory
-saved_iter = iter_num if init_from == 'resume' else None # the iteration ckpt.pt holds, for Ctrl-C's line
 
 def interrupted(e):
-    """Ctrl-C: one line saying what the last checkpoint holds and how to go on, and the shell's status 130. Nothing is
-    lost: save_checkpoint replaces ckpt.pt whole, so a save that Ctrl-C cut short leaves the last one as it was."""
+    """Ctrl-C: one line saying what the last checkpoint holds and how to go on, and the shell's status 130, from rank
+    0 alone (Ctrl-C reaches every rank). Nothing is lost: save_checkpoint replaces ckpt.pt whole, so a save that
+    Ctrl-C cut short leaves the last one as it was."""
+    saved_iter = saved_iteration(out_dir) if master_process else None
     if saved_iter is None:
         held = f'no checkpoint written yet (one is saved at each eval_interval={eval_interval} iterations)'
     else:
         held = f'{checkpoint_path(out_dir)} holds iter {saved_iter}: go on with --init_from=resume'
-    return f'interrupted at iter {iter_num}: {held}', dict(status=INTERRUPTED_STATUS)
+    return f'interrupted at iter {iter_num}: {held}', dict(status=INTERRUPTED_STATUS, every_rank_has_it=True)
 on_error(KeyboardInterrupt, interrupted)
 
 # compile the model
@@ -525,7 +526,6 @@ while True:
                         'rng_states': rng_states,
                         'pending_gradients': pending,
                     }, out_dir)
-                saved_iter = iter_num
                 model_state = optimizer_state = pending = None # free the gathered copies before training goes on
     if eval_only:
         break

@@ -82,6 +82,15 @@ def save_checkpoint(checkpoint, out_dir):
         raise
 
 
+def saved_iteration(out_dir):
+    """The iter_num of out_dir/ckpt.pt as it is on disk now, or None without a readable one: read through mmap, its
+    tensors untouched, so a Ctrl-C anywhere in a save (the rename done or not) is told what the file holds."""
+    try:
+        return torch.load(checkpoint_path(out_dir), map_location='cpu', mmap=True, weights_only=True)['iter_num']
+    except Exception:  # none, a nanoGPT file without the zip format's mmap, or damaged: nothing to tell
+        return None
+
+
 def load_checkpoint(out_dir, map_location, required=()):
     """out_dir/ckpt.pt as a dict, its model state dict without torch.compile's and DDP's prefixes; CheckpointError if it
     is missing, unreadable, truncated or lacks 'model', 'model_args' or one of the `required` keys."""

@@ -40,11 +40,15 @@ def fail(message, every_rank=False, secondary=False):
     sys.exit(ERROR_STATUS)
 
 
-def report(message, every_rank=False, secondary=False):
+def report(message, every_rank=False, secondary=False, every_rank_has_it=False):
     """Print `error: message` on stderr, once for all ranks where they share it: rank 0 speaks for all, another rank
     waits for torchrun to stop it and speaks only if it is still running (at once with every_rank: its own failure);
-    a secondary error, the echo of another rank's failure, waits on every rank, so the first failure is the one said."""
+    a secondary error, the echo of another rank's failure, waits on every rank, so the first failure is the one said.
+    every_rank_has_it: every rank has it at once (Ctrl-C reaches the whole process group): only rank 0 speaks, and
+    no rank waits."""
     rank, world_size = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
+    if every_rank_has_it and rank != 0:
+        return
     if secondary or (rank != 0 and not every_rank):
         time.sleep(OTHER_RANKS_WAIT)
         every_rank = True

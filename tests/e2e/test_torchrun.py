@@ -202,6 +202,26 @@ def test_workers_stop_when_torchrun_is_killed(tmp_path, data_dir):
                                for rank in (0, 1)]
 
 
+def test_ctrl_c_ends_every_rank_at_once_with_rank_0s_line_alone(tmp_path, data_dir):
+    """Ctrl-C in a terminal reaches the launcher and the workers (one process group): one line, rank 0's, naming
+    what ckpt.pt holds, and the run gone well within the 10 s that a rank's own failure waits for torchrun."""
+    out, err = tmp_path / 'stdout.txt', tmp_path / 'stderr.txt'
+    launcher = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                                 'train.py', *ARGS, f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}',
+                                 '--max_iters=1000000', '--eval_interval=2'], cwd=ROOT, stdout=open(out, 'w'),
+                                stderr=open(err, 'w'), env=one_thread_env(), start_new_session=True)
+    wait_for(lambda: 'iter 3:' in out.read_text() or launcher.poll() is not None, 120, 'training to start')
+    assert launcher.poll() is None, err.read_text()[-3000:]
+    os.killpg(launcher.pid, signal.SIGINT)
+    start = time.monotonic()
+    launcher.wait(timeout=60)
+    assert time.monotonic() - start < 8
+    saved = load(tmp_path / 'out')['iter_num']
+    errors = [line for line in err.read_text().splitlines() if line.startswith('error: ')]
+    assert errors == [f"error: interrupted at iter {errors[0].split()[4][:-1]}: {tmp_path / 'out' / 'ckpt.pt'} holds "
+                      f"iter {saved}: go on with --init_from=resume"], err.read_text()[-3000:]
+
+
 def test_fsdp_is_refused_with_one_line(data_dir, tmp_path):
     result = torchrun(*TINY_ARGS, f'--data_dir={data_dir}', f'--out_dir={tmp_path / "out"}', '--optim=muon',
                       '--gradient_accumulation_steps=2', '--parallelism=fsdp')

@@ -147,3 +147,12 @@ def test_the_gradients_an_optimizer_keeps_between_iterations_round_trip(tmp_path
     restored = fresh.transformer.h[1].mlp.c_fc.weight.grad
     assert restored.dtype == torch.float64 and torch.equal(restored.float(), kept.grad)
     ckpt.restore_pending_gradients(tiny_gpt(2), {'model': {}})
+
+
+def test_the_saved_iteration_is_read_from_the_file_as_it_is_on_disk(tmp_path):
+    """What Ctrl-C's line names: the file's iter_num, whatever this process last knew; None without a readable one."""
+    assert ckpt.saved_iteration(str(tmp_path)) is None
+    save_checkpoint({'model': {'w': torch.zeros(1000)}, 'model_args': {}, 'iter_num': 64}, str(tmp_path))
+    assert ckpt.saved_iteration(str(tmp_path)) == 64
+    (tmp_path / 'ckpt.pt').write_bytes(b'cut short')
+    assert ckpt.saved_iteration(str(tmp_path)) is None

@@ -77,3 +77,15 @@ def test_ctrl_c_is_one_line_and_the_shells_status_130_until_a_script_says_more(c
     assert errors.report_failure(KeyboardInterrupt()) == 130
     assert errors.report_failure(errors.ConfigError('bad key')) == 2
     assert capsys.readouterr().err == 'error: interrupted\nerror: interrupted at iter 3\nerror: bad key\n'
+
+
+def test_what_every_rank_has_at_once_is_said_by_rank_0_alone_and_no_rank_waits(capsys, monkeypatch):
+    """Ctrl-C reaches every rank of a torchrun: rank 0's line is the one, at once; the others end without a word,
+    where a failure of their own would wait OTHER_RANKS_WAIT for torchrun first."""
+    from training import errors
+    monkeypatch.setattr(errors.time, 'sleep', lambda seconds: pytest.fail('a rank waited'))
+    monkeypatch.setenv('WORLD_SIZE', '2')
+    for rank, said in (('0', 'error: interrupted at iter 3\n'), ('1', '')):
+        monkeypatch.setenv('RANK', rank)
+        errors.report('interrupted at iter 3', every_rank_has_it=True)
+        assert capsys.readouterr().err == said
