@@ -18,7 +18,7 @@ import torch
 
 from training import configurator
 from chunked_loss import chunked_cross_entropy, naive_cross_entropy
-from training import card_checks, rules, step
+from training import card_checks, rules, runs, step
 from training.card_checks import autocast
 from training.data import atomic_files
 from training.device import check_device, peak_flops
@@ -83,7 +83,9 @@ def load_preset(path, tiny, vocab_size=None):
         overrides.update({key: shape[key] for key in ('n_layer', 'n_head', 'n_embd', 'bias')})
         vocab_size = vocab_size or (None if tiny else shape['vocab_size'])
     if tiny:
-        overrides.update({k: v for k, v in TINY.items() if k in config}, dtype='bfloat16', device='cpu',
+        record_depth = config['model_file'] == runs.RECORD_2026_FILE  # gpt2026.py's model: the record's 11 layers
+        scaled = {k: v for k, v in TINY.items() if k in config and not (k == 'n_layer' and record_depth)}
+        overrides.update(scaled, dtype='bfloat16', device='cpu',
                          gradient_accumulation_steps=min(config['gradient_accumulation_steps'], 2),
                          attn_window=min(config['attn_window'], 16),
                          attn_window_block=min(config['attn_window_block'], 4), # the tiny window in blocks, as 16/128

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from training import card_train, record2026
+from training import card_train, record2026, rules
 from training.card_measure import TINY, load_preset
 from training.card_train import Run
 from training.device import memory_fraction
@@ -36,6 +36,14 @@ def test_a_pretrained_preset_runs_from_scratch_in_its_models_shape():
     _, _, tiny_args = load_preset('config/finetune_gpt2xl_12gb.py', tiny=True)
     assert (tiny_args['n_layer'], tiny_args['vocab_size'], tiny_args['bias']) == (TINY['n_layer'], TINY['vocab_size'],
                                                                                   True)
+
+
+def test_the_2026_record_preset_is_scaled_down_at_its_11_layers_which_train_py_takes():
+    """gpt2026.py's model has the record's depth alone: TINY's 2 layers would make train.py refuse the preset, and
+    the card on a CPU skip it."""
+    config, overrides, _ = load_preset('config/speedrun2026_gpt2_12gb.py', tiny=True)
+    assert 'n_layer' not in overrides and config['n_layer'] == 11 and config['n_embd'] == TINY['n_embd']
+    rules.check_config(config, 1, 'cpu')
 
 
 def test_the_runs_evaluate_a_whole_evaluation_micro_batch_at_the_last_of_their_steps(tmp_path):
