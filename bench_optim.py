@@ -91,6 +91,14 @@ RUN_GROUPS = {'ablation': [name for name in recipe.RUNS
                            if name not in recipe.RECORDS and name[len('recipe+'):] not in recipe.LAYOUTS]}
 
 
+def seed_numbers(seeds):
+    """The seeds of the `seeds` key: integers, comma-separated."""
+    try:
+        return [int(seed) for seed in seeds.split(',')]
+    except ValueError:
+        raise ConfigError(f"seeds={seeds!r}: give whole numbers, comma-separated, e.g. --seeds=1,2") from None
+
+
 def run_names(runs):
     """The run names of the `runs` key: RUNS' names and RUN_GROUPS' groups, comma-separated."""
     names = [name for part in runs.split(',') for name in RUN_GROUPS.get(part, [part])]
@@ -104,7 +112,7 @@ train_keys = configurator.train_keys()
 config = configurator.load_config({**configurator.read_keys(__file__, base=train_keys),
                                    **{key: train_keys[key] for key in TRAIN_KEYS}}, sys.argv[1:], rules.CHOICES)
 names = run_names(config['runs'])
-seed_list = [int(seed) for seed in config['seeds'].split(',')]
+seed_list = seed_numbers(config['seeds'])
 sweep = recipe.baseline_sweep(config['baseline_lrs'], config) if 'baseline' in names else {}
 if sweep: # the baseline's runs in its place, one a learning rate
     RUNS.update(sweep)

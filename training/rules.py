@@ -4,6 +4,8 @@ the fix, before anything is created or written."""
 import dataclasses
 import os
 
+import torch.distributed as dist
+
 import gpt2026
 from training.configurator import train_defaults
 from model import GPT2_VOCAB_SIZE, GPTConfig
@@ -84,6 +86,10 @@ def check_config(config, world_size, device_type):
     if config['timeout'] <= 0:
         raise ConfigError(f"timeout={config['timeout']} must be positive: the seconds a process waits for the others "
                           f"in a collective, e.g. --timeout=600")
+    backends = [name for name in dist.Backend.backend_list if name not in ('undefined', 'fake')]  # with plugins'
+    if config['backend'] not in backends:
+        raise ConfigError(f"unknown backend {config['backend']!r}: use one of {', '.join(backends)} (nccl on CUDA, gloo "
+                          f"on a CPU)")
     if config['backend'] == 'nccl' and device_type != 'cuda':
         raise ConfigError(f"backend='nccl' needs CUDA: use --backend=gloo with device={config['device']!r}")
     init_from = config['init_from']

@@ -86,3 +86,10 @@ def test_bench_optim_runs_the_packed_layout_on_the_same_tokens(tmp_path):
     assert all(curves['recipe+window_warmup'][step] != curves['recipe+packed'][step] for step in ('0', '2'))
     result = run_script('bench_optim.py', *args, '--batch_size=6')
     assert result.returncode == 2 and 'use a multiple of 4 for --batch_size' in result.stderr
+
+
+@pytest.mark.parametrize('args, message', [(['--seeds=1,x'], "seeds='1,x': give whole numbers, comma-separated"),
+                                           (['--runs=bogus'], "unknown run 'bogus': use some of ")])
+def test_bad_input_is_one_line(args, message):
+    result = run_script('bench_optim.py', *args)
+    assert result.returncode == 2 and result.stderr.count('\n') == 1 and message in result.stderr, result.stderr

@@ -33,6 +33,7 @@ def config(tmp_path):
     ({'fsdp_mixed_precision': True}, "applies to parallelism='fsdp'"),
     ({'timeout': 0}, 'timeout=0 must be positive'),
     ({'backend': 'nccl'}, "backend='nccl' needs CUDA"),
+    ({'backend': 'foo'}, "unknown backend 'foo': use one of gloo, nccl, "),
     ({'init_from': 'gpt3'}, "unknown init_from 'gpt3'"),
     ({'auto_batch_size': True}, 'auto_batch_size=True sizes the batch'),
     ({'optim': 'adam8'}, "unknown optim 'adam8'"),
