@@ -187,9 +187,10 @@ memory_cap_gb = 0.0 # CUDA: hold this process to this many GiB, as a card of tha
 phase_log = '' # append a JSON line to this file as each phase begins (build, resume, evaluation, checkpoint, step,
                # done), with its time and peak memory (training/phase_log.py; bench.py --mode=card reads it); '' = none
 # -----------------------------------------------------------------------------
-config_keys = [k for k,v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
-# overrides from command line or config file, on the keys above as configurator reads them (it runs none of them)
-globals().update(configurator.load_config(configurator.read_keys(__file__), sys.argv[1:], rules.CHOICES))
+keys = configurator.read_keys(__file__) # the keys above as configurator reads them (it runs none of them)
+config_keys = list(keys) # not every int or str of globals(): an imported constant is no key
+# overrides from command line or config file
+globals().update(configurator.load_config(keys, sys.argv[1:], rules.CHOICES))
 config = {k: globals()[k] for k in config_keys} # will be useful for logging
 # -----------------------------------------------------------------------------
 

@@ -126,6 +126,24 @@ def load_model_state(model, checkpoint, out_dir):
                               f"({first_line(' '.join(str(e).split()), limit=240)})") from None
 
 
+# the keys that make parameter groups of their own (training/optim.py's muon_param_groups): on or off
+GROUP_KEYS = ('muon_split_qkv', 'scalar_learning_rate')
+
+
+def check_parameter_groups(checkpoint, optimizer, config, path):
+    """CheckpointError, naming the key to set, where the checkpoint's optimizer state is of other parameter groups
+    than this run's optimizer: torch's load_state_dict would stop in a traceback."""
+    saved = [len(group['params']) for group in checkpoint['optimizer']['param_groups']]
+    ours = [len(group['params']) for group in optimizer.param_groups]
+    if saved == ours:
+        return
+    saved_config = checkpoint.get('config') or {}
+    keys = [key for key in GROUP_KEYS if key in saved_config and bool(saved_config[key]) != bool(config[key])]
+    fix = ' '.join(f'--{key}={saved_config[key]}' for key in keys) or "the optimizer keys of the run that saved it"
+    raise CheckpointError(f"{path} holds optimizer state for parameter groups of {saved} tensors, this run's optimizer "
+                          f"has {ours}: resume with {fix}")
+
+
 def restore_training_state(checkpoint, optimizer, scaler, config, rank, world_size, device):
     """Resume what the weights alone do not hold: the optimizer's state (split as this run's parallelism and world
     size want), the GradScaler's, and this rank's RNG state where the checkpoint has one for each rank."""
@@ -134,6 +152,7 @@ def restore_training_state(checkpoint, optimizer, scaler, config, rank, world_si
     if saved_optim != config['optim']:
         raise CheckpointError(f"{path} holds the state of optim={saved_optim!r}, not optim={config['optim']!r}: "
                               f"resume with --optim={saved_optim}")
+    check_parameter_groups(checkpoint, optimizer, config, path)
     load_optimizer_state(optimizer, checkpoint['optimizer'])
     if checkpoint.get('scaler'):  # empty when saved with the scaler disabled
         scaler.load_state_dict(checkpoint['scaler'])

@@ -186,6 +186,10 @@ def check_window_warmup(config):
         raise ConfigError(f"attn_window_warmup_start={start} must be from 1 to attn_window={window}: the window's "
                           f"first size and its step, e.g. --attn_window_warmup_start={max(1, window // 16)}")
     end = config['attn_window_warmup_end']
+    if end and not iters:
+        raise ConfigError(f"attn_window_warmup_end={end} aims the window's warmup, but attn_window_warmup_iters=0 has "
+                          f"none: set --attn_window_warmup_iters (e.g. {config['max_iters']}), or "
+                          f"--attn_window_warmup_end=0")
     if iters and end and end < window:
         raise ConfigError(f"attn_window_warmup_end={end} is below attn_window={window}: the warmup would never reach "
                           f"the window; use 0 (attn_window) or more, e.g. --attn_window_warmup_end={window}")
@@ -234,6 +238,9 @@ def check_architecture(config):
         raise ConfigError(f"attn_window is a number of positions, 0 (the whole block) or more, got "
                           f"{config['attn_window']}: e.g. --attn_window=1024")
     block = config['attn_window_block']
+    if block > 0 and config['attn_window'] == 0:
+        raise ConfigError(f"attn_window_block={block} counts the sliding window in blocks, but attn_window=0 has none: "
+                          f"set --attn_window (a multiple of {block}), or --attn_window_block=0")
     if block < 0 or (block and config['attn_window'] % block):
         raise ConfigError(f"attn_window_block={block} must be 0 (a window by position) or a positive divisor of "
                           f"attn_window={config['attn_window']}: e.g. --attn_window_block=128 with --attn_window=1792")
@@ -255,8 +262,11 @@ def check_architecture(config):
         raise ConfigError(f"no_attn_layer={layer} is not a block of n_layer={config['n_layer']}: use 0 to "
                           f"{config['n_layer'] - 1}, or -1 for attention in every block")
     if layer >= 0 and tables and not tables <= layer < config['n_layer'] - tables:
+        free = (f"pick a block from {tables} to {config['n_layer'] - tables - 1}" if 2 * tables < config['n_layer'] else
+                f"every block of n_layer={config['n_layer']} has a table: use a smaller --value_embeds or a larger "
+                f"--n_layer, or --no_attn_layer=-1")
         raise ConfigError(f"no_attn_layer={layer} takes the attention of a block whose values value_embeds={tables} "
-                          f"mixes a table into: pick a block from {tables} to {config['n_layer'] - tables - 1}")
+                          f"mixes a table into: {free}")
     if config['unet_skips'] and config['n_layer'] < 2:
         raise ConfigError("unet_skips=True connects the first half of the blocks to the second, but n_layer=1 has "
                           "no pair: use --n_layer=2 or more, or --unet_skips=False")

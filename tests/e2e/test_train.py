@@ -17,6 +17,7 @@ import torch
 
 from helpers import (MODERN_ARCH_ARGS, MODERN_RECIPE_ARGS, ROOT, TEXT, TINY_ARGS, load, logged_losses, one_thread_env,
                      patched_env, run_python, run_script, train, write_char_dataset)
+from training import configurator
 
 
 def same_weights(a, b):
@@ -51,6 +52,7 @@ def test_tiny_run_learns_and_checkpoints(tiny_run):
             'rng_states'} <= set(checkpoint)
     assert checkpoint['iter_num'] == 30 and checkpoint['model_args']['vocab_size'] == 34
     assert checkpoint['config']['n_layer'] == 2 and len(checkpoint['rng_states']) == 1
+    assert set(checkpoint['config']) == set(configurator.train_keys())  # train.py's keys, nothing it imported
 
 
 @pytest.mark.parametrize('architecture', [[], MODERN_RECIPE_ARGS], ids=['gpt2', 'modern recipe'])

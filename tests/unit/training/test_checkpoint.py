@@ -156,3 +156,18 @@ def test_the_saved_iteration_is_read_from_the_file_as_it_is_on_disk(tmp_path):
     assert ckpt.saved_iteration(str(tmp_path)) == 64
     (tmp_path / 'ckpt.pt').write_bytes(b'cut short')
     assert ckpt.saved_iteration(str(tmp_path)) is None
+
+
+def test_optimizer_state_of_other_parameter_groups_names_the_key_to_resume_with(tmp_path):
+    """Muon's groups follow muon_split_qkv and scalar_learning_rate: a resume that leaves one off (the speedrun
+    presets set both) has other groups than the state it loads, which torch's load_state_dict refuses in a traceback."""
+    from training import configurator, optim
+    config = {**configurator.train_defaults(), 'optim': 'muon', 'out_dir': str(tmp_path)}
+    model = tiny_gpt()
+    saved = {**config, 'muon_split_qkv': True}
+    checkpoint = {'optimizer': optim.build_optimizer(model, saved, 'cpu').state_dict(), 'config': saved}
+    ckpt.check_parameter_groups(checkpoint, optim.build_optimizer(model, saved, 'cpu'), saved, 'ckpt.pt')
+    with pytest.raises(CheckpointError, match=r"ckpt.pt holds optimizer state for parameter groups of \[6, 2, 2, 18\] "
+                                              r"tensors, this run's optimizer has \[8, 2, 18\]: resume with "
+                                              r"--muon_split_qkv=True"):
+        ckpt.check_parameter_groups(checkpoint, optim.build_optimizer(model, config, 'cpu'), config, 'ckpt.pt')

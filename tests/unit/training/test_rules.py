@@ -168,12 +168,17 @@ def test_model_args_of_a_gpt2_architecture_are_nanogpts_and_modern_keys_are_reco
     ({'attn_window': 8, 'attn_window_block': 3}, 'attn_window_block=3 must be 0 (a window by position) or a positive '
                                                  'divisor of attn_window=8'),
     ({'attn_window': 8, 'attn_window_block': -4}, 'attn_window_block=-4 must be 0'),
+    ({'attn_window_block': 8}, 'attn_window_block=8 counts the sliding window in blocks, but attn_window=0 has none'),
+    ({'attn_window': 16, 'attn_window_warmup_end': 32}, "attn_window_warmup_end=32 aims the window's warmup, but "
+                                                        "attn_window_warmup_iters=0 has none"),
     ({'attn_window': 8, 'attn_window_block': 4, 'attn_window_warmup_iters': 100, 'attn_window_warmup_start': 2},
      'attn_window_warmup_start=2 is not a whole number of attn_window_block=4 positions'),
     ({'rope_truncated': True}, "rope_truncated=True changes rotary embeddings, but pos_emb='learned' has none"),
     ({'no_attn_layer': 2}, 'no_attn_layer=2 is not a block of n_layer=2: use 0 to 1, or -1'),
     ({'no_attn_layer': 1, 'value_embeds': 1}, 'no_attn_layer=1 takes the attention of a block whose values '
-                                              'value_embeds=1 mixes a table into'),
+                                              'value_embeds=1 mixes a table into: every block of n_layer=2 has a '
+                                              'table: use a smaller --value_embeds or a larger --n_layer'),
+    ({'no_attn_layer': 0, 'value_embeds': 1, 'n_layer': 4}, 'mixes a table into: pick a block from 1 to 2'),
     ({'embedding_learning_rate': 0.3}, "embedding_learning_rate=0.3 sets a parameter group of optim='muon'"),
     ({'optim': 'muon', 'muon_momentum_warmup_iters': -1}, 'muon_momentum_warmup_iters must be 0 or more'),
     ({'lr_schedule': 'linear'}, "unknown lr_schedule 'linear': use one of 'cosine', 'wsd'"),
