@@ -130,18 +130,18 @@ def load_model_state(model, checkpoint, out_dir):
 GROUP_KEYS = ('muon_split_qkv', 'scalar_learning_rate')
 
 
-def check_parameter_groups(checkpoint, optimizer, config, path):
-    """CheckpointError, naming the key to set, where the checkpoint's optimizer state is of other parameter groups
-    than this run's optimizer: torch's load_state_dict would stop in a traceback."""
-    saved = [len(group['params']) for group in checkpoint['optimizer']['param_groups']]
-    ours = [len(group['params']) for group in optimizer.param_groups]
-    if saved == ours:
-        return
-    saved_config = checkpoint.get('config') or {}
-    keys = [key for key in GROUP_KEYS if key in saved_config and bool(saved_config[key]) != bool(config[key])]
-    fix = ' '.join(f'--{key}={saved_config[key]}' for key in keys) or "the optimizer keys of the run that saved it"
-    raise CheckpointError(f"{path} holds optimizer state for parameter groups of {saved} tensors, this run's optimizer "
-                          f"has {ours}: resume with {fix}")
+def load_optimizer(checkpoint, optimizer, config, path):
+    """The checkpoint's optimizer state into `optimizer` (parallel.load_optimizer_state); CheckpointError, naming the
+    key to set, where the state is of other parameter groups than this run's optimizer, which torch's
+    load_state_dict refuses with a ValueError."""
+    try:
+        load_optimizer_state(optimizer, checkpoint['optimizer'])
+    except ValueError as e:
+        saved_config = checkpoint.get('config') or {}
+        keys = [key for key in GROUP_KEYS if key in saved_config and bool(saved_config[key]) != bool(config[key])]
+        fix = ' '.join(f'--{key}={saved_config[key]}' for key in keys) or "the optimizer keys of the run that saved it"
+        raise CheckpointError(f"{path} holds optimizer state of other parameter groups than this run's optimizer "
+                              f"({first_line(e)}): resume with {fix}") from None
 
 
 def restore_training_state(checkpoint, optimizer, scaler, config, rank, world_size, device):
@@ -152,8 +152,7 @@ def restore_training_state(checkpoint, optimizer, scaler, config, rank, world_si
     if saved_optim != config['optim']:
         raise CheckpointError(f"{path} holds the state of optim={saved_optim!r}, not optim={config['optim']!r}: "
                               f"resume with --optim={saved_optim}")
-    check_parameter_groups(checkpoint, optimizer, config, path)
-    load_optimizer_state(optimizer, checkpoint['optimizer'])
+    load_optimizer(checkpoint, optimizer, config, path)
     if checkpoint.get('scaler'):  # empty when saved with the scaler disabled
         scaler.load_state_dict(checkpoint['scaler'])
     saved_rng_states = checkpoint.get('rng_states')
