@@ -87,7 +87,7 @@ def saved_iteration(out_dir):
     tensors untouched, so a Ctrl-C anywhere in a save (the rename done or not) is told what the file holds."""
     try:
         return torch.load(checkpoint_path(out_dir), map_location='cpu', mmap=True, weights_only=True)['iter_num']
-    except Exception:  # none, a nanoGPT file without the zip format's mmap, or damaged: nothing to tell
+    except Exception:  # none, damaged, or without an iter_num: nothing to tell
         return None
 
 

@@ -1,5 +1,6 @@
 """Paths: every relative path (config files, out_dir, data_dir, the prepare scripts' --out_dir) is relative to the
-current directory, as in nanoGPT's train.py; the project's own files are found from ROOT. A directory a script will write into is checked before any work."""
+current directory, as in nanoGPT's train.py; the project's own files are found from ROOT. A directory a script will
+write into is checked before any work."""
 import os
 import tempfile
 
