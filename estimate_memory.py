@@ -8,8 +8,8 @@ Same config files and --key=value overrides as train.py, plus this script's keys
 config fits when training and evaluation fit the card less gpu_headroom_gb (memory left to other programs: a
 desktop, a browser; train.py's auto_batch_size leaves it too); with eval_only=True, when its one evaluation does.
 --ladder adds memory levers one at a time (checkpointing, optimizer state, the step in backward, weight precision)
-until the config fits, and prints the keys to add to train.py's command. dtype defaults to bfloat16, as on a GPU. Progress goes to stderr, the report (or --json) to
-stdout. How it traces: training/memory/estimate.py.
+until the config fits, and prints the keys to add to train.py's command. dtype defaults to bfloat16, as on a GPU.
+Progress goes to stderr, the report (or --json) to stdout. How it traces: training/memory/estimate.py.
 
 Exit status: 0 the config fits, 1 it does not (training or evaluation; whatever --ladder or --find_batch_size found),
 2 bad input (a one-line error on stderr).

@@ -88,8 +88,8 @@ def check_config(config, world_size, device_type):
                           f"in a collective, e.g. --timeout=600")
     backends = [name for name in dist.Backend.backend_list if name not in ('undefined', 'fake')]  # with plugins'
     if config['backend'] not in backends:
-        raise ConfigError(f"unknown backend {config['backend']!r}: use one of {', '.join(backends)} (nccl on CUDA, gloo "
-                          f"on a CPU)")
+        raise ConfigError(f"unknown backend {config['backend']!r}: use one of {', '.join(backends)} (nccl on CUDA, "
+                          f"gloo on a CPU)")
     if config['backend'] == 'nccl' and device_type != 'cuda':
         raise ConfigError(f"backend='nccl' needs CUDA: use --backend=gloo with device={config['device']!r}")
     init_from = config['init_from']
