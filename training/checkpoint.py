@@ -114,6 +114,12 @@ def load_checkpoint(out_dir, map_location, required=()):
         while name.startswith(WRAPPER_PREFIXES):  # a compiled DDP model has both, in either order
             name = name.split('.', 1)[1]
         state_dict[name] = state_dict.pop(k)
+    # nanoGPT saves a diverged run's weights; sampled, they stop in torch.multinomial, exported, they export
+    broken = next((name for name, t in state_dict.items()
+                   if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all()), None)
+    if broken is not None:
+        raise CheckpointError(f'{path} holds weights that are not finite ({broken} has NaN or inf): the run that saved '
+                              f'it diverged; restore an earlier copy')
     return checkpoint
 
 

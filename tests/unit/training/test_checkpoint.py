@@ -171,3 +171,15 @@ def test_optimizer_state_of_other_parameter_groups_names_the_key_to_resume_with(
                                               r"run's optimizer \(loaded state dict has a different number of "
                                               r"parameter groups\): resume with --muon_split_qkv=True"):
         ckpt.load_optimizer(checkpoint, optim.build_optimizer(model, config, 'cpu'), config, 'ckpt.pt')
+
+
+def test_a_checkpoint_of_weights_that_are_not_finite_is_one_line(tmp_path):
+    """A diverged run's, as nanoGPT's train.py saves it (this one stops first): refused when loaded, for sampling,
+    export or a resume alike."""
+    model = tiny_gpt()
+    state = model.state_dict()
+    state['transformer.h.1.mlp.c_fc.weight'][3, 5] = float('nan')
+    save_checkpoint({'model': state, 'model_args': {}}, str(tmp_path))
+    with pytest.raises(CheckpointError, match=r"ckpt.pt holds weights that are not finite "
+                                              r"\(transformer.h.1.mlp.c_fc.weight has NaN or inf\)"):
+        load_checkpoint(str(tmp_path), 'cpu')
