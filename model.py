@@ -1,11 +1,13 @@
 """
 Full definition of a GPT Language Model: nanoGPT's modules, parameter names, init and API, so nanoGPT checkpoints
-load as they are. It needs only torch, chunked_loss.py, whose chunked_cross_entropy is the loss (the (B*T, vocab)
-logits never exist), and attention.py, the kinds of attention that windows, documents and generation's cache call
-for. Copy the three files anywhere.
+load as they are. It needs only torch: copy it anywhere.
 GPT-2's path comes first (LayerNorm, CausalSelfAttention, MLP, Block, GPTConfig, GPT); GPTConfig's other fields are
-modded-nanogpt's options (defaults: GPT-2's), and the file ends with what they add: value embeddings and rotary
-embeddings.
+modded-nanogpt's options (defaults: GPT-2's). Then what they add: value embeddings and rotary embeddings; the kinds of
+attention that windows, documents and generation's cache call for (SDPA, under a mask where they restrict it); and the
+loss, linear_cross_entropy, in chunks of rows, so that the (B*T, vocab) logits never exist.
+A run of train.py gives GPT two things faster on a GPU (training/attention.py's kernels, FlashAttention's for documents
+and windows by position and FlexAttention's for windows in blocks, and chunked_loss.py's tuned loss); they compute
+what this file computes.
 
 References:
 1) the official GPT-2 TensorFlow implementation released by OpenAI:
@@ -17,14 +19,13 @@ https://github.com/huggingface/transformers/blob/main/src/transformers/models/gp
 import inspect
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from attention import CAUSAL, KVCache, attend, choose_attention, flex_attention, varlen_kernel
-from chunked_loss import chunked_cross_entropy
 
 class LayerNorm(nn.Module):
     """ LayerNorm but with an optional bias. PyTorch doesn't support simply bias=False
@@ -60,8 +61,8 @@ class CausalSelfAttention(nn.Module):
         self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if value_embed or config.value_scale else None
         self.v1_lambda = nn.Parameter(torch.tensor([0.5])) if config.value_residual else None # 1-D: fsdp shards it
 
-    def forward(self, x, *, attention=CAUSAL, rotary=None, value_embed=None, cache=None, v1=None):
-        """attention: GPT.attention's; rotary: GPT.forward's (cos, sin) with pos_emb='rope'; value_embed: this layer's
+    def forward(self, x, *, attention=None, rotary=None, value_embed=None, cache=None, v1=None):
+        """attention: GPT.attention's (None: causal); rotary: GPT.forward's (cos, sin) with pos_emb='rope'; value_embed: this layer's
         value_embeds rows (B, T, C); cache: its (keys, values) in a KVCache; v1: block 0's values. Returns (y, v1)."""
         B, T, C = x.size() # batch size, sequence length, embedding dimensionality (n_embd)
         # calculate query, key, values for all heads in batch and move head forward to be the batch dim
@@ -113,7 +114,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.x0_lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if config.x0_shortcut else None # of (input, x0)
 
-    def forward(self, x, *, attention=CAUSAL, rotary=None, x0=None, value_embed=None, cache=None, v1=None):
+    def forward(self, x, *, attention=None, rotary=None, x0=None, value_embed=None, cache=None, v1=None):
         """x0: GPT.forward's embedding, with x0_shortcut; the others: CausalSelfAttention.forward's. Returns (x, v1)."""
         if self.x0_lambdas is not None: # x0_shortcut: every block sees the embedding directly, not only block 0
             x = self.x0_lambdas[0] * x + self.x0_lambdas[1] * x0
@@ -165,24 +166,22 @@ class GPTConfig:
 
 class GPT(nn.Module):
 
-    def __init__(self, config, *, activation_checkpointing=False, loss_fn=None, flash_kernel=None, flex_kernel=None,
-                 loss_chunk_mib=None):
+    def __init__(self, config, *, activation_checkpointing=False, loss_fn=None, kernels=None, loss_chunk_mib=None):
         """Run-time choices, not GPTConfig fields, so checkpoints' model_args stay nanoGPT's. activation_checkpointing:
         each block recomputed in backward, for the activation memory of all but one block. loss_fn(hidden, weight,
-        targets, *, ignore_index, reduction[, softcap][, chunk_bytes]): None is chunked_cross_entropy; loss_chunk_mib
-        (None: its default) becomes its chunk_bytes, the memory one chunk may take. flash_kernel: FlashAttention's
-        variable-length kernel (varlen_kernel) for attn_window and doc_token: None where it runs, True also on a CPU
-        (estimate_memory.py traces a CUDA run there), False never. flex_kernel: FlexAttention (flex_kernel_options)
-        for windows in blocks (attn_window_block) likewise; its kernel_options are the attribute flex_options."""
+        targets, *, ignore_index, reduction[, softcap][, chunk_bytes]): None is linear_cross_entropy; loss_chunk_mib
+        (None: its default) becomes its chunk_bytes, the memory one chunk may take. kernels(config, idx, window,
+        dtype): the attention of a forward where windows or documents restrict it, as (function, *arguments), the
+        layers' attention then function(q, k, v, *arguments), or None where this file's SDPA under a mask computes it
+        (training/attention.py's Kernels: FlashAttention's and FlexAttention's kernels on a GPU); never asked with
+        dropout, generation's cache or padded rows."""
         super().__init__()
         assert config.vocab_size is not None
         assert config.block_size is not None
         self.config = config
         self.activation_checkpointing = activation_checkpointing
-        self.loss_fn = chunked_cross_entropy if loss_fn is None else loss_fn
-        self.flash_kernel = flash_kernel
-        self.flex_kernel = flex_kernel
-        self.flex_options = {} # FlexAttention's kernel_options ({}: torch's; training.step picks them for the GPU)
+        self.loss_fn = linear_cross_entropy if loss_fn is None else loss_fn
+        self.kernels = kernels
         self.loss_options = {} if loss_chunk_mib is None else {'chunk_bytes': int(loss_chunk_mib * 2 ** 20)}
 
         self.transformer = nn.ModuleDict(dict(
@@ -301,34 +300,14 @@ class GPT(nn.Module):
         return logits, None
 
     def attention(self, idx, pos, cache, window):
-        """attention.choose_attention's Attention for this forward, with the kernels that run here."""
-        return choose_attention(self.config, idx, pos, cache, window, self.compute_dtype(idx.device.type),
-                                self.varlen_kernel(idx), self.flex_kernel_options(idx))
+        """choose_attention's Attention for this forward, with `kernels` where no dropout is asked (they have none)."""
+        kernels = None if self.training and self.config.dropout > 0 else self.kernels
+        return choose_attention(self.config, idx, pos, cache, window, self.compute_dtype(idx.device.type), kernels)
 
     def compute_dtype(self, device_type):
         """The dtype the matrix products of a forward on `device_type` run in: autocast's, else the weights'."""
         autocast = torch.is_autocast_enabled(device_type)
         return torch.get_autocast_dtype(device_type) if autocast else self.lm_head.weight.dtype
-
-    def varlen_kernel(self, idx):
-        """attention.varlen_kernel for this forward: FlashAttention's variable-length kernel where it runs (flash_kernel
-        None: an Ampere or later GPU) in the forward's dtype, without dropout; else None."""
-        return varlen_kernel(idx.device, self.compute_dtype(idx.device.type), self.config.n_embd // self.config.n_head,
-                             self.flash_kernel, dropout=self.training and self.config.dropout > 0)
-
-    def flex_kernel_options(self, idx):
-        """flex_options where FlexAttention runs windows in blocks (flex_runs), else None."""
-        dropout = self.training and self.config.dropout > 0 # FlexAttention has none
-        return self.flex_options if self.flex_runs(idx.device) and not dropout else None
-
-    def flex_runs(self, device):
-        """Whether FlexAttention runs this model's windows in blocks on `device` (flex_kernel None: on CUDA, with a
-        torch that has it): its tiles need blocks of a multiple of 128 positions and heads of a power of 2 from 16."""
-        head_size = self.config.n_embd // self.config.n_head
-        block = self.config.attn_window_block
-        fits = block > 0 and block % 128 == 0 and head_size >= 16 and head_size & (head_size - 1) == 0
-        on_cuda = self.flex_kernel if self.flex_kernel is not None else device.type == 'cuda'
-        return fits and on_cuda and flex_attention is not None
 
     def crop_block_size(self, block_size):
         # model surgery to decrease the block size if necessary
@@ -504,3 +483,212 @@ def apply_rotary(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
+
+# -----------------------------------------------------------------------------
+# Attention: GPT-2's causal attention, or what a sliding window (attn_window, in blocks with attn_window_block),
+# documents (doc_token), padded rows and generation's KV cache restrict it to, chosen once a forward for all layers.
+# Each kind computes the same attention where another could run; they differ in the kernel and the memory it takes:
+# causal: SDPA's is_causal (FlashAttention on a GPU); window: SDPA under a mask, a block of queries at a time;
+# masked: SDPA under a (T, T) mask; cache: SDPA under a mask of the new positions against all cached ones;
+# kernel: GPT's `kernels`, which skip what the mask would empty (training/attention.py's, on a GPU).
+
+class Attention(NamedTuple):
+    """The attention every layer runs in one forward, chosen by choose_attention, and what that kind needs."""
+    kind: str # 'causal', 'window', 'masked', 'cache' or 'kernel' (above)
+    mask: torch.Tensor = None # additive: masked (B, 1, T, T); window (B, n, 1, w, 2w); cache (B or 1, 1, T, keys)
+    offset: int = 0 # cache: the position of the first new token
+    kernel: tuple = () # kernel: (function, *arguments), the attention function(q, k, v, *arguments)
+
+CAUSAL = Attention('causal')
+
+def attend(q, k, v, attention, cache, dropout_p):
+    """The attention of q, k, v (B, nh, T, hs) of the kind `attention` names; cache: this layer's (keys, values) of a
+    KVCache; dropout_p: the attention dropout."""
+    kind = 'causal' if attention is None else attention.kind
+    if kind == 'causal': # flash attention where the hardware has it, never a (T, T) matrix there
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    if kind == 'kernel':
+        function, *arguments = attention.kernel
+        return function(q, k, v, *arguments)
+    if kind == 'window':
+        return blocked_attention(q, k, v, attention.mask, dropout_p)
+    if kind == 'cache': # the new positions join the cached ones, then attend to all of them under the mask
+        keys, values = cache
+        end = attention.offset + q.size(2)
+        keys[:, :, attention.offset:end], values[:, :, attention.offset:end] = k, v
+        k, v = keys[:, :, :end], values[:, :, :end]
+    if kind in ('masked', 'cache'):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attention.mask, dropout_p=dropout_p)
+    raise ValueError(f"unknown attention kind {kind!r}")
+
+def choose_attention(config, idx, pos, cache, window, dtype, kernels=None):
+    """The Attention every layer of a forward on idx (B, T) runs, chosen once from what causality, the sliding
+    `window`, config.doc_token, the cache and padding (pos: GPT.forward's positions, 2-D with padding) let each
+    position see. dtype: the one the attention's matrix products run in (GPT.compute_dtype's). kernels: GPT's, asked
+    first where neither the cache nor padding is there."""
+    b, t = idx.size()
+    padded = pos.dim() == 2
+    if cache is None and config.doc_token < 0 and not (window and t > window) and not padded:
+        return CAUSAL # nothing but causality restricts attention here
+    if kernels is not None and cache is None and not padded:
+        kernel = kernels(config, idx, window, dtype)
+        if kernel is not None:
+            return Attention('kernel', kernel=kernel)
+    block = config.attn_window_block # a window in blocks of positions (0: by position)
+    doc = None if config.doc_token < 0 else document_ids(idx, config.doc_token, pos)
+    if doc is not None and cache is not None:
+        if cache.length:
+            doc = doc + cache.docs[:, cache.length - 1:cache.length]
+        cache.docs[:, cache.length:cache.length + t] = doc
+    if cache is not None or not window or padded: # a mask of every query against every key: the cached ones too
+        keys, k_doc = pos, doc
+        if cache is not None:
+            keys = torch.arange(cache.length + t, device=idx.device)
+            k_doc = None if doc is None else cache.docs[:, :cache.length + t]
+        mask = local_attention_mask(pos, keys, window, doc, k_doc, block).unsqueeze(-3) # (B or 1, 1, t, keys)
+        if padded: # a padding query attends to itself alone: no row of the mask empty (SDPA's NaN)
+            mask = mask | torch.eye(t, dtype=torch.bool, device=idx.device)
+        mask = additive_mask(mask, dtype)
+        return Attention('masked', mask=mask) if cache is None else Attention('cache', mask, offset=cache.length)
+    n = -(-t // window) # blocks of `window` queries, the last one padded; each sees its block and the one before
+    q_pos = torch.arange(n * window, device=idx.device).view(n, window)
+    k_pos = torch.arange(-window, (n + 1) * window, device=idx.device).unfold(0, 2 * window, window)[:n]
+    q_doc = k_doc = None
+    if doc is not None: # padding positions get document -1, which no real position has
+        framed = F.pad(doc, (window, n * window - t + window), value=-1)
+        q_doc = framed[:, window:(n + 1) * window].view(b, n, window)
+        k_doc = framed.unfold(1, 2 * window, window)[:, :n]
+    mask = local_attention_mask(q_pos, k_pos, window, q_doc, k_doc, block) # in blocks: none over window - 1 back
+    mask = additive_mask(mask, dtype)
+    return Attention('window', mask=mask.expand(b, n, window, 2 * window).unsqueeze(2).contiguous())
+
+def document_ids(idx, doc_token, pos=None):
+    """Each position's document (B, T): how many doc_tokens up to and including it; padding (pos < 0) counts none."""
+    starts = idx == doc_token
+    return (starts if pos is None else starts & (pos >= 0)).cumsum(1)
+
+def local_attention_mask(q_pos, k_pos, window, q_doc=None, k_doc=None, block=0):
+    """(..., Tq, Tk) bool, True where a query may attend to a key: a key at a position from 0 up to the query's,
+    fewer than `window` back (0: any), and of the same document (with the documents' ids q_doc, k_doc). block > 0
+    (attn_window_block): `window` counts blocks of `block` positions from 0, FlexAttention's block masks: a key in
+    one of the window // block blocks up to the query's, every such key up to the query in its document."""
+    q_pos, k_pos = q_pos[..., :, None], k_pos[..., None, :]
+    mask = (k_pos >= 0) & (k_pos <= q_pos)
+    if window: # each side compared as it is, not their (Tq, Tk) difference: no int64 matrix beside the mask
+        near = k_pos // block > q_pos // block - window // block if block else k_pos > q_pos - window
+        mask = mask & near
+    if q_doc is not None:
+        mask = mask & (q_doc[..., :, None] == k_doc[..., None, :])
+    return mask
+
+def additive_mask(mask, dtype):
+    """A bool mask (True: attend) as the float mask SDPA adds to its scores, 0 or -inf in `dtype`, made once a
+    forward: given the bool mask, SDPA converts it in every layer and keeps each layer's copy for backward."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float('-inf'))
+
+def blocked_attention(q, k, v, mask, dropout_p):
+    """Sliding-window attention in blocks: the queries of each block of w positions (w = attn_window) against the
+    keys of their block and of the block before, under `mask` (B, n_blocks, 1, w, 2w): memory and compute grow as
+    T * w, not T**2. q, k, v (B, nh, T, hs); T is padded to whole blocks, and one block of keys goes in front."""
+    B, nh, T, hs = q.shape
+    n, w = mask.size(1), mask.size(-2)
+    pad = n * w - T
+    q = F.pad(q, (0, 0, 0, pad)).view(B, nh, n, w, hs)
+    k, v = (F.pad(t, (0, 0, w, pad)) for t in (k, v))
+    k, v = (torch.cat((t[:, :, :-w].view(B, nh, n, w, hs), t[:, :, w:].view(B, nh, n, w, hs)), dim=3) for t in (k, v))
+    # each block a batch entry of attention's 4-D kernels: (B * n, nh, w or 2w, hs)
+    q, k, v = (t.transpose(1, 2).reshape(B * n, nh, -1, hs) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.view(B * n, 1, w, 2 * w), dropout_p=dropout_p)
+    return y.view(B, n, nh, w, hs).transpose(1, 2).reshape(B, nh, n * w, hs)[:, :, :T]
+
+class KVCache:
+    """The keys and values of every layer for the positions run so far, so that generation feeds the model only its
+    new tokens. Static, as gpt-fast's: max_len positions; GPT.forward(idx, cache=...) writes at length, advances it."""
+
+    def __init__(self, config, batch_size, max_len, device, dtype):
+        shape = (batch_size, config.n_head, max_len, config.n_embd // config.n_head)
+        self.layers = [(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype))
+                       for _ in range(config.n_layer)]
+        # doc_token: the document of each position, for the masks of the positions that follow
+        self.docs = torch.zeros(batch_size, max_len, dtype=torch.long, device=device) if config.doc_token >= 0 else None
+        self.max_len = max_len
+        self.length = 0 # positions filled
+
+# -----------------------------------------------------------------------------
+# The loss: a linear layer and cross-entropy fused, in chunks of rows, so that the (B*T, vocab) logits never exist.
+# nanoGPT's lm_head(x) over every position is a (B*T, vocab) tensor (batch 64 x block 1024 x 50304 in bf16: 6.14 GiB,
+# before cross-entropy's fp32 copies), what runs 12 GB cards out of memory at the first evaluation.
+
+@torch._disable_dynamo # the chunk loop runs eagerly, also in a compiled model (torch.compiler.disable, imported lazily)
+def linear_cross_entropy(hidden, weight, targets, *, ignore_index=-1, reduction='mean', softcap=0.0,
+                         chunk_bytes=2 ** 30):
+    """F.cross_entropy of the logits hidden @ weight.T (capped to softcap * tanh(logits / softcap) with softcap > 0)
+    against targets, ignoring ignore_index, holding at most chunk_bytes of logits at once (three fp32 buffers of
+    vocab_size a row). hidden (N, d), weight (V, d), targets (N,). reduction 'mean': the mean over the targets not
+    ignored (0 if all are), its gradients computed with it, chunk by chunk, as the logits of each chunk are at hand;
+    'none' (no gradients): the (N,) losses, 0 on ignored rows."""
+    if reduction not in ('mean', 'none'):
+        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if reduction == 'none' and wants_grad:
+        raise RuntimeError("linear_cross_entropy(reduction='none') has no gradients: call it under torch.no_grad()")
+    rows = max(1, chunk_bytes // (3 * 4 * weight.size(0)))
+    if wants_grad:
+        return LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, softcap, rows)
+    losses, count = loss_in_chunks(hidden, weight, targets, ignore_index, softcap, rows)[:2]
+    return losses if reduction == 'none' else losses.sum() / count
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """linear_cross_entropy's mean, its gradients computed in forward (no logits kept for backward) and scaled there by
+    the upstream gradient, which carries gradient accumulation's 1 / k."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, ignore_index, softcap, rows):
+        losses, count, grad_hidden, grad_weight = loss_in_chunks(hidden, weight, targets, ignore_index, softcap, rows,
+                                                                 need_grad=True)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.dtypes = hidden.dtype, weight.dtype
+        return losses.sum() / count
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return (grad_hidden.mul(grad_loss).to(ctx.dtypes[0]), grad_weight.mul(grad_loss).to(ctx.dtypes[1]),
+                None, None, None, None)
+
+def loss_in_chunks(hidden, weight, targets, ignore_index, softcap, rows, need_grad=False):
+    """(losses (N,), 0 on ignored rows; the count of rows not ignored, at least 1; with need_grad the gradients of
+    their mean, d / d hidden and d / d weight, else None, None), `rows` rows of logits at a time. The matrix products
+    run in autocast's dtype (else the inputs'), the softmax and the weight's gradient in fp32 (fp64 for fp64):
+    d mean / d logits = (softmax - onehot) / count, times 1 - tanh**2 under the cap."""
+    device_type = hidden.device.type
+    autocast = torch.is_autocast_enabled(device_type)
+    dtype = torch.get_autocast_dtype(device_type) if autocast else torch.promote_types(hidden.dtype, weight.dtype)
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    w = weight.to(dtype)
+    valid = targets != ignore_index
+    count = valid.sum().clamp(min=1).to(wide)
+    safe_targets = torch.where(valid, targets, 0)[:, None]
+    losses = torch.empty(targets.shape, dtype=wide, device=hidden.device)
+    grad_hidden = torch.empty(hidden.shape, dtype=wide, device=hidden.device) if need_grad else None
+    grad_weight = torch.zeros(weight.shape, dtype=wide, device=weight.device) if need_grad else None
+    for start in range(0, hidden.size(0), rows):
+        chunk = slice(start, start + rows)
+        h = hidden[chunk].to(dtype)
+        logits = torch.mm(h, w.t()).to(wide)
+        if softcap:
+            tanh = torch.tanh(logits / softcap)
+            logits = softcap * tanh
+        log_sum_exp = logits.logsumexp(1, keepdim=True)
+        losses[chunk] = (log_sum_exp - logits.gather(1, safe_targets[chunk])).squeeze(1) * valid[chunk]
+        if need_grad:
+            grad = logits.sub_(log_sum_exp).exp_() # softmax, in the logits' buffer
+            grad.scatter_add_(1, safe_targets[chunk], grad.new_full(safe_targets[chunk].shape, -1.0))
+            grad.mul_(valid[chunk, None] / count)
+            if softcap:
+                grad.mul_(1 - tanh.square())
+            grad = grad.to(dtype)
+            grad_hidden[chunk] = torch.mm(grad, w)
+            grad_weight += torch.mm(grad.t(), h)
+    return losses, count, grad_hidden, grad_weight

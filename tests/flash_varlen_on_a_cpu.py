@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-import attention
+from training import attention
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)  # the CUDA kernel's: "FlashAttention only support fp16 and bf16"
 FULL_PRECISION_DTYPES = (*FLASH_DTYPES, torch.float32, torch.float64)

@@ -11,7 +11,7 @@ What the CUDA path checks (torch's flex_attention, and Inductor's lowering of it
 - kernel_options names only options the kernel has."""
 import torch
 
-import attention
+from training import attention
 from training.memory.estimate import flex_attention_as_on_cuda
 
 FLEX_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

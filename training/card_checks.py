@@ -18,8 +18,7 @@ import types
 
 import torch
 
-import attention
-from training import step
+from training import attention, step
 from training.optim import build_optimizer
 from training.schedule import scheduled_window
 
@@ -165,7 +164,7 @@ def check_varlen(config, model_args, device, device_type):
     batch = check_batch(config, model_args['vocab_size'], device)
     positions = torch.arange(batch[0].size(1), device=device)
     with autocast(CHECK_DTYPE, device_type):
-        if varlen.attention(batch[0], positions, None, window).kind != 'varlen':
+        if attention.kind(varlen.attention(batch[0], positions, None, window)) != 'varlen':
             return dict(skipped="the model does not run the kernel here (its GPU, head size or window)")
     args = (batch, window or None)
     return compare(loss_and_gradients(varlen, varlen, *args, CHECK_DTYPE, device_type),
@@ -185,11 +184,11 @@ def flex_against_masked(config, model_args, device, device_type, kernel_options)
     block = model_args['attn_window_block']
     window = min(model_args['attn_window'], FLEX_WINDOW_BLOCKS * block)
     flex = check_model(config, model_args, device, flex_kernel=True)
-    flex.flex_options = kernel_options
+    flex.kernels.flex_options = kernel_options
     masked = check_model(config, model_args, device, flex_kernel=False)
     batch = check_batch(config, model_args['vocab_size'], device)
     positions = torch.arange(batch[0].size(1), device=device)
-    if flex.attention(batch[0], positions, None, window).kind != 'flex':
+    if attention.kind(flex.attention(batch[0], positions, None, window)) != 'flex':
         return dict(skipped='the model does not run FlexAttention (its blocks, head size or rows)')
     return compare(loss_and_gradients(flex, flex, batch, window, CHECK_DTYPE, device_type),
                    *(loss_and_gradients(masked, masked, batch, window, dtype, device_type)

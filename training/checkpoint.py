@@ -204,7 +204,8 @@ def restore_pending_gradients(model, checkpoint, master=True):
 def pretrained_model(init_from, dropout=0.0, **options):
     """OpenAI's GPT-2 weights `init_from` (gpt2, gpt2-medium, gpt2-large, gpt2-xl) through Hugging Face transformers,
     or those of a local GPT-2 folder, with this dropout; ConfigError with the fix if they cannot be loaded. options:
-    GPT's constructor keywords (activation_checkpointing)."""
+    runs.gpt_options' keywords."""
+    options = runs.gpt_options(**options)
     if hf.is_folder(init_from):
         return hf.folder_model(init_from, dropout, **options)
     try:

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 import gpt2026
-import attention
+from chunked_loss import chunked_cross_entropy
 from model import GPT, GPTConfig
-from training import record2026
+from training import attention, record2026
 from training.device import matmul_dtype
 from training.documents import DocumentRows
 from training.optim import describe, schedule_groups
@@ -41,11 +41,19 @@ def record_model_args(config, vocab_size):
 
 
 def new_model(model_args, **options):
-    """The model of model_args, of its model file's class, with that class's constructor options."""
+    """The model of model_args, of its model file's class, with that class's constructor options (GPT's through
+    gpt_options)."""
     if model_file(model_args) == RECORD_2026_FILE:
         args = {key: value for key, value in model_args.items() if key != 'model_file'}
         return gpt2026.GPT2026(gpt2026.GPT2026Config(**args), **options)
-    return GPT(GPTConfig(**model_args), **options)
+    return GPT(GPTConfig(**model_args), **gpt_options(**options))
+
+
+def gpt_options(flash_kernel=None, flex_kernel=None, loss_fn=None, **options):
+    """GPT's constructor keywords in a run: training/attention.py's kernels (flash_kernel and flex_kernel: Kernels'
+    flash and flex; None where each runs) and chunked_loss.py's loss (loss_fn None), with the other `options`."""
+    loss_fn = chunked_cross_entropy if loss_fn is None else loss_fn
+    return dict(kernels=attention.Kernels(flash_kernel, flex_kernel), loss_fn=loss_fn, **options)
 
 
 def record_options(config, model_args, flash_kernel=None):

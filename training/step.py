@@ -4,8 +4,8 @@ from contextlib import nullcontext
 
 import torch
 
-from attention import flex_kernel_options, flex_probe
 from training import runs
+from training.attention import flex_kernel_options, flex_probe
 from training.checkpoint import load_model_state, pretrained_model
 from training.device import TORCH_DTYPES, matmul_dtype
 from training.errors import ConfigError
@@ -14,7 +14,7 @@ from training.parallel import fsdp_param_dtype, shard_model, shard_optimizer_sta
 from training.record2026 import NorMuonAdam
 
 NO_SCALER = torch.amp.GradScaler('cpu', enabled=False) # disabled: scale, unscale_ and update do nothing
-# attention_kernel: how windows in blocks run, as GPT's flex_kernel (None: FlexAttention where it runs)
+# attention_kernel: how windows in blocks run, as Kernels' flex (None: FlexAttention where it runs)
 ATTENTION_KERNELS = {'auto': None, 'flex': True, 'masked': False}
 
 
@@ -22,7 +22,7 @@ def build_model(config, model_args, checkpoint=None, **options):
     """train.py's model for `config`, on the CPU in config's weight_dtype (bf16 weights never exist there in fp32):
     the model of model_args (GPT, or GPT2026 for gpt2026.py's: training.runs.new_model) from scratch, with
     `checkpoint`'s weights if given, or the pretrained weights init_from names (cropped to model_args' block_size),
-    its loss chunked within loss_chunk_mib. options: GPT's constructor keywords beyond config's (tools: loss_fn,
+    its loss chunked within loss_chunk_mib. options: runs.gpt_options' keywords beyond config's (tools: loss_fn,
     flash_kernel, flex_kernel); GPT2026 takes flash_kernel alone (runs.record_options), having its own loss."""
     init_from = config['init_from']
     if runs.model_file(model_args) == runs.RECORD_2026_FILE:
@@ -59,7 +59,7 @@ def build(config, model_args, device, device_type, checkpoint=None, sharded=Fals
         if sharded and config['parallelism'] == 'zero1':
             optimizer.shard() # or each its share, as the record's
         return model, optimizer
-    if torch.device(device).type == 'cuda' and model.flex_runs(torch.device(device)):
+    if torch.device(device).type == 'cuda' and model.kernels.flex_runs(model.config, torch.device(device)):
         set_flex_options(model, config, device, torch.cuda.get_device_properties(device))
     if sharded and config['parallelism'] == 'fsdp': # before the optimizer, which must see the shards
         shard_model(model, mesh, param_dtype=fsdp_param_dtype(config)) # in place: the weights split over the ranks
@@ -95,17 +95,17 @@ def set_flex_options(model, config, device, properties):
     for options in flex_kernel_options(properties, head_size):
         failure = flex_probe(device, model.config.n_head, head_size, dtype, model.config.attn_window_block, options)
         if failure is None:
-            model.flex_options = options
+            model.kernels.flex_options = options
             tiles = ', '.join(f'{key}={value}' for key, value in options.items()) or "torch's own"
             print(f'attention: FlexAttention for the windows in blocks, kernel options: {tiles}')
             return
         failures.append(failure)
-    if model.flex_kernel:
+    if model.kernels.flex:
         raise ConfigError(f"attention_kernel='flex': FlexAttention does not run on this GPU ({failures[0]}): use "
                           f"--attention_kernel=auto or masked")
     print(f"attention: FlexAttention does not run on this GPU ({failures[0]}): the windows in blocks run the masked "
           f"attention (attention_kernel='masked'), slower")
-    model.flex_kernel = False
+    model.kernels.flex = False
 
 
 class Prefetcher:

@@ -15,13 +15,12 @@ import sys
 import pytest
 import torch
 
-import attention
 import chunked_loss
-from training import configurator
 import flash_varlen_on_a_cpu
 from chunked_loss import chunked_cross_entropy
 from model import GPT, GPTConfig
-from training import card_checks, rules
+from training import attention, card_checks, configurator, rules
+from training.attention import Kernels
 from training.recipe import at_depth
 from helpers import (ROOT, loss_and_gradients, loss_and_grads, loss_inputs, softcap_inputs, tiny_gpt,
                      tokens_with_documents)
@@ -32,10 +31,11 @@ from helpers import (ROOT, loss_and_gradients, loss_and_grads, loss_inputs, soft
                                                x0_shortcut=True)], ids=['gpt2', 'modern'])
 @pytest.mark.parametrize('loss_chunk_mib', [None, 2 ** -10], ids=['one piece', 'chunks'])
 def test_compiled_model_matches_eager_and_runs_the_compiled_chunks(monkeypatch, options, loss_chunk_mib):
-    """Compiled, the loss runs nanoGPT's one piece compiled where the budget holds it (the default, for 32 rows of
-    a 50-token vocabulary), else chunks whose softmax is compiled (1 KiB: a few rows a chunk)."""
+    """Compiled, train.py's loss (chunked_loss.py's) runs nanoGPT's one piece compiled where the budget holds it (the
+    default, for 32 rows of a 50-token vocabulary), else chunks whose softmax is compiled (1 KiB: a few rows a
+    chunk)."""
     torch.manual_seed(0)
-    model = GPT(tiny_gpt(**options).config, loss_chunk_mib=loss_chunk_mib)
+    model = GPT(tiny_gpt(**options).config, loss_fn=chunked_cross_entropy, loss_chunk_mib=loss_chunk_mib)
     x = torch.randint(0, 50, (2, 16))
     fused_calls = []
     compiled_chunk = chunked_loss._compiled_softmax_chunk
@@ -49,6 +49,19 @@ def test_compiled_model_matches_eager_and_runs_the_compiled_chunks(monkeypatch, 
     grads = torch.autograd.grad(loss, list(model.parameters()))
     torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-5)
     for a, b in zip(grads, eager_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_model_on_its_own_loss_matches_eager():
+    """model.py alone, compiled: its own loss (linear_cross_entropy, a few rows a chunk) runs eagerly between the
+    compiled graphs and gives the eager loss and gradients, with windows and documents under their masks."""
+    torch.manual_seed(0)
+    model = GPT(tiny_gpt(pos_emb='rope', logit_softcap=3.0, attn_window=6, doc_token=3).config, loss_chunk_mib=2 ** -10)
+    x, y = tokens_with_documents((2, 16), 1), torch.randint(0, 50, (2, 16))
+    eager = loss_and_gradients(model, x, y)
+    compiled = loss_and_gradients(torch.compile(model), x, y)
+    torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(compiled[1], eager[1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
@@ -68,12 +81,18 @@ def test_softcap_compiled_chunks_match_eager():
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
 
 
-def test_model_py_copied_with_chunked_loss_py_and_attention_py_trains(tmp_path):
-    """nanoGPT's habit: copy model.py (and here chunked_loss.py and attention.py) into another project. They need torch
-    and nothing else of this repository, to train or to generate."""
-    for name in ('model.py', 'chunked_loss.py', 'attention.py'):
+def test_model_files_copied_alone_train(tmp_path):
+    """nanoGPT's habit: copy model.py into another project. It needs torch and nothing else of this repository, to
+    train or to generate, with windows and documents too (its own masked attention and loss); so does gpt2026.py."""
+    for name in ('model.py', 'gpt2026.py'):
         shutil.copy(ROOT / name, tmp_path)
-    code = ("import torch, model\n"
+    code = ("import torch, model, gpt2026\n"
+            "windowed = model.GPT(model.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32,\n"
+            "                                     attn_window=3, doc_token=5))\n"
+            "windowed(torch.randint(32, (2, 8)), torch.randint(32, (2, 8)))[1].backward()\n"
+            "record = gpt2026.GPT2026(gpt2026.GPT2026Config(vocab_size=32, bigram_vocab_size=160, n_head=2,\n"
+            "                                               n_embd=32, doc_token=5))\n"
+            "record(torch.randint(32, (1, 16)), torch.randint(32, (1, 16)))[1].backward()\n"
             "gpt = model.GPT(model.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))\n"
             "optimizer = gpt.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu')\n"
             "x = torch.randint(32, (2, 8))\n"
@@ -194,20 +213,20 @@ def assert_bf16_close(a, b):
 
 
 def test_compiled_flash_kernel_takes_any_window_and_documents_without_recompiling(flash_kernel):
-    """As on an Ampere GPU in bf16 (flash_kernel=True: the kernel's CPU stand-ins), compiled, the model runs torch's
+    """As on an Ampere GPU in bf16 (Kernels(flash=True): the kernel's CPU stand-ins), compiled, the model runs torch's
     varlen_attn with a window warmup's windows and each batch's longest document as sizes, not constants: the first
     change of each compiles once more (dynamic from then on), then no window or batch compiles again, and every step
     computes what eager does."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=64, vocab_size=50, pos_emb='rope', qk_norm=True,
-                          attn_window=32, doc_token=3), flash_kernel=True)
+                          attn_window=32, doc_token=3), kernels=Kernels(flash=True))
     compiled = torch.compile(model)
 
     def step(window, every):  # documents every `every` tokens from the 3rd: the longest is `every` (or the last) long
         x = tokens_with_documents((2, 64), every, every=every)
         y = torch.randint(0, 50, (2, 64), generator=torch.Generator().manual_seed(every))
         with torch.autocast('cpu', dtype=torch.bfloat16):
-            assert model.varlen_kernel(x) is flash_kernel
+            assert model.attention(x, torch.arange(64), None, window).kernel[1] is flash_kernel
         assert_bf16_close(bf16_loss_and_grads(compiled, x, y, window), bf16_loss_and_grads(model, x, y, window))
 
     step(4, 7)
@@ -223,12 +242,12 @@ def test_flash_varlen_kernel_matches_attention_under_the_mask(window):
     """Documents and a window (4: one key more or less would move a position's attention by a quarter), documents
     alone (0)."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**PACKED_GPT)).cuda()
+    model = GPT(GPTConfig(**PACKED_GPT), kernels=Kernels()).cuda()
     x, y = packed_tokens(1), packed_tokens(2)
-    with torch.autocast('cuda', dtype=torch.bfloat16):
-        assert model.varlen_kernel(x) is not None  # the kernel runs, not the masked fallback
+    with torch.autocast('cuda', dtype=torch.bfloat16):  # the kernel runs, not the masked fallback
+        assert attention.kind(model.attention(x, torch.arange(x.size(1), device='cuda'), None, window)) == 'varlen'
     kernel = bf16_loss_and_grads(model, x, y, window)
-    masked = GPT(GPTConfig(**PACKED_GPT), flash_kernel=False).cuda()  # the same weights through blocked_attention
+    masked = GPT(GPTConfig(**PACKED_GPT)).cuda()  # the same weights through blocked_attention
     masked.load_state_dict(model.state_dict())
     assert_bf16_close(kernel, bf16_loss_and_grads(masked, x, y, window))
 
@@ -237,7 +256,7 @@ def test_flash_varlen_kernel_matches_attention_under_the_mask(window):
 def test_compiled_flash_varlen_kernel_follows_a_growing_window():
     """The windows of a warmup, one after the other: each compiled step computes what eager does at that window."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**PACKED_GPT)).cuda()
+    model = GPT(GPTConfig(**PACKED_GPT), kernels=Kernels()).cuda()
     compiled = torch.compile(model)
     x, y = packed_tokens(1), packed_tokens(2)
     for window in (32, 64, 96, 128):
@@ -261,7 +280,7 @@ def speedrun_model(device, flash_kernel=False, flex_kernel=False, keys=()):
                                                                       *SPEEDRUN_SCALED_DOWN, *keys])
         model_args, _ = rules.model_args(at_depth(config), 512) # the record's value tables and layers at 4 blocks
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**model_args), flash_kernel=flash_kernel, flex_kernel=flex_kernel)
+    model = GPT(GPTConfig(**model_args), kernels=Kernels(flash_kernel, flex_kernel))
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * p.size(-1) ** -0.5 if p.dim() >= 2 else p + 0.1 * torch.randn_like(p))
@@ -280,10 +299,10 @@ def kernel_against_masked(model, kind, run, x, y, window):
     as the noise; the masked model's loss away from ln(V) and every gradient nonzero, so that the verdict can fail."""
     device = x.device.type
     with torch.autocast(device, dtype=torch.bfloat16):
-        assert model.attention(x, torch.arange(x.size(1), device=device), None, window).kind == kind
+        assert attention.kind(model.attention(x, torch.arange(x.size(1), device=device), None, window)) == kind
         kernel = loss_and_gradients(run, x, y, attn_window=window)
     torch._dynamo.reset()
-    model.flash_kernel = model.flex_kernel = False  # the same weights through blocked_attention
+    model.kernels = None  # the same weights through blocked_attention
     reference = loss_and_gradients(model, x, y, attn_window=window)
     assert abs(reference[0].item() - math.log(512)) > 0.1 and all(g.norm() > 0 for g in reference[1])
     with torch.autocast(device, dtype=torch.bfloat16):
@@ -330,7 +349,7 @@ def assert_flex_within_bf16_noise(device, kernel_options, compiled, t):
     the card's tolerance of the masked attention's own bf16 error; the model scaled down with the preset's windows in
     blocks of 128."""
     model = speedrun_model(device, flex_kernel=True, keys=IN_BLOCKS)
-    model.flex_options = kernel_options
+    model.kernels.flex_options = kernel_options
     x, y = (tokens_with_documents((2, t), seed, every=97).to(device) for seed in (1, 2))
     verdict = kernel_against_masked(model, 'flex', torch.compile(model) if compiled else model, x, y, 256)
     assert verdict['passed'], verdict
@@ -364,12 +383,12 @@ def test_compiled_flex_forward_on_a_cpu_is_the_masked_forward():
     x, y = (tokens_with_documents((2, 512), seed, every=97) for seed in (1, 2))
     compiled = torch.compile(model)
     with torch.no_grad():
-        assert model.attention(x, torch.arange(512), None, 256).kind == 'flex'
+        assert attention.kind(model.attention(x, torch.arange(512), None, 256)) == 'flex'
         compiled(x, y, attn_window=384)
         compiled(x, y, attn_window=128)  # a second window compiles once more, the window's number dynamic from then on
         with torch.compiler.set_stance('fail_on_recompile'):
             _, flex = compiled(x, y, attn_window=256)
         torch._dynamo.reset()
-        model.flex_kernel = False
+        model.kernels = None
         _, masked = model(x, y, attn_window=256)
     assert flex.item() == pytest.approx(masked.item(), rel=1e-5)

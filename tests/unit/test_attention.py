@@ -1,4 +1,4 @@
-"""attention.py's FlexAttention path: the BlockMask equals local_attention_mask's token rule, the model's flex forward
+"""training/attention.py's FlexAttention path: the BlockMask equals local_attention_mask's token rule, the model's flex forward
 and backward equal the masked attention's (through the CPU stand-in of the CUDA kernel, tests/flex_on_a_cpu.py), the
 attention kind chosen, the kernel options for a GPU's shared memory and the probe. The other kinds are
 test_model_options.py's."""
@@ -7,11 +7,12 @@ import types
 import pytest
 import torch
 
-import attention
 import flex_on_a_cpu
-from attention import flex_block_mask, flex_kernel_options, flex_probe, flex_tile_bytes, local_attention_mask
+import model as model_lib
 from helpers import tokens_with_documents
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, local_attention_mask
+from training import attention
+from training.attention import Kernels, flex_block_mask, flex_kernel_options, flex_probe, flex_tile_bytes
 from training.opcount import OperatorCounter
 
 # the GPUs' shared memory a thread block may use (cudaDevAttrMaxSharedMemoryPerBlockOptin)
@@ -118,8 +119,8 @@ def test_flex_training_step_equals_the_masked_attentions(monkeypatch, t):
     monkeypatch.setattr(attention, 'compiled_flex_attention', lambda: flex_on_a_cpu.flex_attention)
     x = tokens_with_documents((2, t), 1, every=300)  # documents longer than the window: full blocks, and cut off
     torch.manual_seed(0)
-    flex = GPT(GPTConfig(**SPEEDRUN_LIKE), flex_kernel=True)
-    masked = GPT(GPTConfig(**SPEEDRUN_LIKE), flex_kernel=False)
+    flex = GPT(GPTConfig(**SPEEDRUN_LIKE), kernels=Kernels(flex=True))
+    masked = GPT(GPTConfig(**SPEEDRUN_LIKE), kernels=Kernels(flex=False))
     masked.load_state_dict(flex.state_dict())
     for model in (flex, masked):  # the zero-initialized projections and head would hide attention from the loss
         for name, p in model.named_parameters():
@@ -133,31 +134,30 @@ def test_flex_training_step_equals_the_masked_attentions(monkeypatch, t):
         torch.testing.assert_close(flex_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def kinds(config, x, training=False, **options):
+def kinds(config, x, monkeypatch, training=False, **kernels):
+    """The kinds of attention a forward of a GPT of `config` with Kernels(**kernels) runs in its layers."""
     chosen = []
-    model = GPT(GPTConfig(**config), **options).train(training)
-    original = attention.attend
-    try:
-        import model as model_lib
-        model_lib.attend = lambda q, k, v, a, cache, p: chosen.append(a.kind) or original(q, k, v, a, cache, p)
-        with torch.no_grad():
-            model(x)
-    finally:
-        model_lib.attend = original
+    model = GPT(GPTConfig(**config), kernels=Kernels(**kernels)).train(training)
+    original = model_lib.attend
+    monkeypatch.setattr(model_lib, 'attend', lambda q, k, v, a, cache, p: chosen.append(attention.kind(a)) or
+                        original(q, k, v, a, cache, p))
+    with torch.no_grad():
+        model(x)
+    monkeypatch.setattr(model_lib, 'attend', original)
     return set(chosen)
 
 
 def test_flex_runs_windows_in_blocks_of_a_multiple_of_128_without_dropout(monkeypatch):
     monkeypatch.setattr(attention, 'compiled_flex_attention', lambda: flex_on_a_cpu.flex_attention)
     x = tokens_with_documents((1, 384), 0, every=90)
-    assert kinds(SPEEDRUN_LIKE, x, flex_kernel=True) == {'flex'}
-    assert kinds(SPEEDRUN_LIKE, x) == {'window'}  # on a CPU, unless asked (the estimator's trace, the tests)
-    assert kinds(SPEEDRUN_LIKE, x, flex_kernel=False) == {'window'}
-    assert kinds({**SPEEDRUN_LIKE, 'attn_window_block': 64, 'attn_window': 256}, x, flex_kernel=True) == {'window'}
-    assert kinds({**SPEEDRUN_LIKE, 'n_embd': 48, 'n_head': 2}, x, flex_kernel=True) == {'window'}  # heads of 24
-    assert kinds({**SPEEDRUN_LIKE, 'dropout': 0.1}, x, training=True, flex_kernel=True) == {'window'}
-    assert kinds({**SPEEDRUN_LIKE, 'dropout': 0.1}, x, flex_kernel=True) == {'flex'}  # evaluation: no dropout
-    assert kinds(SPEEDRUN_LIKE, x[:, :256], flex_kernel=True) == {'window'}  # a row within the window: no block to skip
+    assert kinds(SPEEDRUN_LIKE, x, monkeypatch, flex=True) == {'flex'}
+    assert kinds(SPEEDRUN_LIKE, x, monkeypatch) == {'window'}  # on a CPU, unless asked (the estimator's trace, tests)
+    assert kinds(SPEEDRUN_LIKE, x, monkeypatch, flex=False) == {'window'}
+    assert kinds({**SPEEDRUN_LIKE, 'attn_window_block': 64, 'attn_window': 256}, x, monkeypatch, flex=True) == {'window'}
+    assert kinds({**SPEEDRUN_LIKE, 'n_embd': 48, 'n_head': 2}, x, monkeypatch, flex=True) == {'window'}  # heads of 24
+    assert kinds({**SPEEDRUN_LIKE, 'dropout': 0.1}, x, monkeypatch, training=True, flex=True) == {'window'}
+    assert kinds({**SPEEDRUN_LIKE, 'dropout': 0.1}, x, monkeypatch, flex=True) == {'flex'}  # evaluation: no dropout
+    assert kinds(SPEEDRUN_LIKE, x[:, :256], monkeypatch, flex=True) == {'window'}  # within the window: no block to skip
 
 
 def test_torchs_tiles_where_the_gpu_has_the_shared_memory_for_them():

@@ -238,10 +238,11 @@ def test_activation_checkpointing_same_loss_and_gradients(monkeypatch):
 
 
 def test_constructor_options_are_keywords_whose_defaults_are_nanogpts_model():
-    """GPT(config): no checkpointing, the chunked loss, FlashAttention's kernel where it runs; loss_fn replaces the
-    loss, called as GPT.forward calls it."""
+    """GPT(config): no checkpointing, model.py's own chunked loss, no kernels from outside (model.py alone); loss_fn
+    replaces the loss, called as GPT.forward calls it."""
     model = tiny_gpt()
-    assert (model.activation_checkpointing, model.loss_fn, model.flash_kernel) == (False, chunked_cross_entropy, None)
+    assert (model.activation_checkpointing, model.loss_fn, model.kernels) == (False, model_lib.linear_cross_entropy,
+                                                                              None)
     with pytest.raises(TypeError):
         GPT(model.config, True)
     calls = []

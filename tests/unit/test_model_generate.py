@@ -5,7 +5,7 @@ import torch
 
 import model as model_lib
 from helpers import tiny_gpt
-from attention import KVCache
+from model import KVCache
 
 
 BLOCK_SIZE = 16

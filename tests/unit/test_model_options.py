@@ -14,8 +14,10 @@ import flash_varlen_on_a_cpu
 import model as model_lib
 from chunked_loss import chunked_cross_entropy
 from helpers import ROOT, loss_and_gradients, loss_budgets, softcap_inputs, tokens_with_documents
-from attention import Attention, KVCache, blocked_attention, local_attention_mask
-from model import GPT, GPTConfig, LayerNorm, apply_rotary, rotary_cos_sin, value_embed_table
+from model import (GPT, Attention, GPTConfig, KVCache, LayerNorm, apply_rotary, blocked_attention, local_attention_mask,
+                   rotary_cos_sin, value_embed_table)
+from training import attention as kernels
+from training.attention import Kernels
 from training.opcount import OperatorCounter
 
 
@@ -312,7 +314,7 @@ def test_every_layer_runs_the_attention_its_forward_chose_by_name(monkeypatch, f
     kinds = []
     attend = model_lib.attend
     monkeypatch.setattr(model_lib, 'attend', lambda q, k, v, attention, cache, dropout_p:
-                        kinds.append(attention.kind) or attend(q, k, v, attention, cache, dropout_p))
+                        kinds.append(kernels.kind(attention)) or attend(q, k, v, attention, cache, dropout_p))
     x = tokens_with_documents((2, 16), 1)
 
     def run(config, forward_args={}, **options):
@@ -326,8 +328,8 @@ def test_every_layer_runs_the_attention_its_forward_chose_by_name(monkeypatch, f
     assert run(dict(attn_window=6)) == ['window'] * 2
     assert run(dict(attn_window=16), dict(attn_window=6)) == ['window'] * 2  # the call's window
     assert run(dict(doc_token=3)) == ['masked'] * 2
-    assert run(dict(attn_window=6, doc_token=3), flash_kernel=True) == ['varlen'] * 2
-    assert run(dict(attn_window=6, doc_token=3), flash_kernel=False) == ['window'] * 2
+    assert run(dict(attn_window=6, doc_token=3), kernels=Kernels(flash=True)) == ['varlen'] * 2
+    assert run(dict(attn_window=6, doc_token=3), kernels=Kernels(flash=False)) == ['window'] * 2
     assert run({}, dict(cache=KVCache(GPTConfig(**SHAPE), 2, 16, 'cpu', torch.bfloat16))) == ['cache'] * 2
     with pytest.raises(ValueError, match="'sparse'"):
         model_lib.CausalSelfAttention(GPTConfig(**SHAPE))(torch.randn(1, 4, 16), attention=Attention('sparse'))
@@ -378,7 +380,8 @@ def test_document_attention_passes_flash_attentions_kernel_the_documents_and_win
     model = GPT(GPTConfig(**SHAPE, pos_emb='rope', qk_norm=True, attn_window=window, doc_token=doc_token)).double()
     x, y = tokens_with_documents((3, 16), 1), torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(2))
     blocked = loss_and_gradients(model, x, y)
-    monkeypatch.setattr(GPT, 'varlen_kernel', lambda self, idx: flash_kernel)
+    model.kernels = Kernels()
+    monkeypatch.setattr(Kernels, 'varlen_kernel', lambda self, device, dtype, head_size: flash_kernel)
     with flash_varlen_on_a_cpu.full_precision(), OperatorCounter() as operators:  # in fp64: a key let in or out
         flash = loss_and_gradients(model, x, y)                                  # shows above rounding
     torch.testing.assert_close(blocked, flash)
@@ -392,11 +395,11 @@ def test_flash_attentions_kernel_gets_autocasts_dtype_whatever_the_values_mix_in
     backward, and its output is bf16 like the masked attention's."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAPE, pos_emb='rope', qk_norm=True, value_residual=True, value_embeds=1, attn_window=6,
-                          doc_token=3), flash_kernel=True)
+                          doc_token=3), kernels=Kernels(flash=True))
     x, y = tokens_with_documents((2, 16), 1), torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(2))
     with torch.autocast('cpu', dtype=torch.bfloat16):
         attention = model.attention(x, torch.arange(16), None, 6)
-        assert attention.kind == 'varlen' and attention.documents[1] == torch.bfloat16
+        assert kernels.kind(attention) == 'varlen' and attention.kernel[2] == torch.bfloat16
         loss, grads = loss_and_gradients(model, x, y)
     assert loss.isfinite() and all(g.isfinite().all() for g in grads)
     assert model.transformer.h[1].attn.v1_lambda.grad.abs() > 0  # the values' mix reaches the loss through the kernel
@@ -408,9 +411,9 @@ def test_a_calls_attn_window_is_the_model_built_with_that_window(monkeypatch, re
     built with that attn_window, in blocked_attention and through torch's varlen_attn (on CPU kernels)."""
     if kernel == 'varlen':
         flash_kernel = request.getfixturevalue('flash_kernel')
-        monkeypatch.setattr(GPT, 'varlen_kernel', lambda self, idx: flash_kernel)
+        monkeypatch.setattr(Kernels, 'varlen_kernel', lambda self, device, dtype, head_size: flash_kernel)
     torch.manual_seed(0)
-    wide, narrow = (GPT(GPTConfig(**SHAPE, pos_emb='rope', attn_window=window, doc_token=3)).double()
+    wide, narrow = (GPT(GPTConfig(**SHAPE, pos_emb='rope', attn_window=window, doc_token=3), kernels=Kernels()).double()
                     for window in (8, 3))
     narrow.load_state_dict(wide.state_dict())
     x, y = tokens_with_documents((3, 16), 1, every=9), torch.randint(0, 50, (3, 16))
@@ -420,24 +423,28 @@ def test_a_calls_attn_window_is_the_model_built_with_that_window(monkeypatch, re
 
 
 def test_flash_attentions_kernel_runs_where_it_can(flash_kernel):
-    """CUDA (or flash_kernel=True, as the estimator traces), bf16 or fp16 by autocast or weights, heads the kernel
-    takes, no dropout; never with flash_kernel=False."""
+    """CUDA (or flash=True, as the estimator traces), bf16 or fp16 by autocast or weights, heads the kernel takes, no
+    dropout; never with flash=False, nor without kernels (model.py alone)."""
     config = GPTConfig(**SHAPE, attn_window=6, dropout=0.1)
     idx = torch.zeros(1, 16, dtype=torch.long)
+
+    def kind(model):
+        return kernels.kind(model.attention(idx, torch.arange(16), None, 6))
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        assert GPT(config).eval().varlen_kernel(idx) is None  # a CPU tensor
-        assert GPT(config, flash_kernel=False).eval().varlen_kernel(idx) is None
-    model = GPT(config, flash_kernel=True).eval()
-    assert model.varlen_kernel(idx) is None  # fp32
+        assert kind(GPT(config, kernels=Kernels()).eval()) == 'window'  # a CPU tensor
+        assert kind(GPT(config, kernels=Kernels(flash=False)).eval()) == 'window'
+        assert kind(GPT(config).eval()) == 'window'
+    model = GPT(config, kernels=Kernels(flash=True)).eval()
+    assert kind(model) == 'window'  # fp32
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        assert model.varlen_kernel(idx) is flash_kernel
+        assert kind(model) == 'varlen' and model.attention(idx, torch.arange(16), None, 6).kernel[1] is flash_kernel
         model.train()
-        assert model.varlen_kernel(idx) is None  # dropout, which the kernel does not apply
+        assert kind(model) == 'window'  # dropout, which the kernel does not apply
     model.eval().to(torch.float16)
-    assert model.varlen_kernel(idx) is flash_kernel
+    assert kind(model) == 'varlen'
     for n_embd in (24, 528):  # heads 12 and 264 wide: FlashAttention takes multiples of 8 up to 256
-        other = GPT(GPTConfig(**{**SHAPE, 'n_embd': n_embd}, attn_window=6), flash_kernel=True)
-        assert other.eval().to(torch.float16).varlen_kernel(idx) is None
+        other = GPT(GPTConfig(**{**SHAPE, 'n_embd': n_embd}, attn_window=6), kernels=Kernels(flash=True))
+        assert kind(other.eval().to(torch.float16)) == 'window'
 
 
 def test_mfu_counts_attention_over_the_window():

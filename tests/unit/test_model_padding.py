@@ -7,7 +7,8 @@ import torch
 
 import flash_varlen_on_a_cpu
 from helpers import tiny_gpt, tokens_with_documents
-from attention import KVCache
+from model import KVCache
+from training.attention import Kernels, kind
 
 # the speedrun record's architecture, every option that sees positions or tokens: rotary positions, a window shorter
 # than the rows (blocked_attention alone), documents at token 3, the value tables, skips, shortcut, soft-cap
@@ -76,11 +77,12 @@ def test_padding_runs_the_mask_where_a_row_alone_runs_flash_attentions_kernel(mo
     """Where the rows alone run FlashAttention's varlen kernel (CUDA, bf16: here its CPU stand-in), a padded batch
     runs under the mask of its padding, with the same losses."""
     model = randomized(tiny_gpt(**RECORD))
-    monkeypatch.setattr(type(model), 'varlen_kernel', lambda self, idx: flash_kernel)
+    model.kernels = Kernels()
+    monkeypatch.setattr(Kernels, 'varlen_kernel', lambda self, device, dtype, head_size: flash_kernel)
     rows, targets = rows_and_targets()
     tokens, padded_targets, positions, tokens_mask = padded_batch(rows, targets, 'left')
-    assert model.attention(rows[0][None], torch.arange(16), None, 4).kind == 'varlen'
-    assert model.attention(tokens, positions, None, 4).kind == 'masked'  # the padded batch: under its mask
+    assert kind(model.attention(rows[0][None], torch.arange(16), None, 4)) == 'varlen'
+    assert kind(model.attention(tokens, positions, None, 4)) == 'masked'  # the padded batch: under its mask
     # in fp64: a padded key let in shows above rounding, not under bf16's
     with torch.no_grad(), flash_varlen_on_a_cpu.full_precision():
         _, losses = model(tokens, padded_targets, reduction='none', positions=positions)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import attention
+from training import attention
 import flash_varlen_on_a_cpu
 import gpt2026
 from training.opcount import OperatorCounter

@@ -12,10 +12,9 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-import attention as attention_module
 import gpt2026
 from chunked_loss import chunked_cross_entropy, naive_cross_entropy
-from training import optimizers, rules, runs, step
+from training import attention as attention_module, optimizers, rules, runs, step
 from training.checkpoint import load_checkpoint
 from training.errors import ConfigError
 from training.memory.tracer import CUDA_ALIGNMENT, MemoryTracer

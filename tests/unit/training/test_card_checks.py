@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-import attention
+from training import attention
 import flex_on_a_cpu
 from helpers import ROOT
 from training import card_checks

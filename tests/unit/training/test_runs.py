@@ -9,7 +9,7 @@ import itertools
 import pytest
 import torch
 
-import attention
+from training import attention
 from training import configurator
 import gpt2026
 from helpers import tiny_gpt

@@ -7,12 +7,12 @@ import types
 import pytest
 import torch
 
-import attention
-from training import configurator
 import flex_on_a_cpu
+from chunked_loss import chunked_cross_entropy
 from helpers import tokens_with_documents
 from model import GPT, GPTConfig
-from training import runs, step
+from training import attention, configurator, runs, step
+from training.attention import Kernels
 from training.errors import ConfigError
 
 RTX_3060 = types.SimpleNamespace(shared_memory_per_block_optin=101376)
@@ -28,7 +28,7 @@ def attention_kinds(model):
     kinds = []
     x = tokens_with_documents((1, 384), 0, every=90)
     with torch.no_grad():
-        kinds.append(model.attention(x, torch.arange(384), None, 256).kind)
+        kinds.append(attention.kind(model.attention(x, torch.arange(384), None, 256)))
     return kinds
 
 
@@ -43,9 +43,9 @@ def probes(monkeypatch):
 
 
 def test_the_first_options_whose_probe_runs_are_the_models(probes, capsys):
-    model = GPT(GPTConfig(**WINDOWED), flex_kernel=True)
+    model = GPT(GPTConfig(**WINDOWED), kernels=Kernels(flex=True))
     step.set_flex_options(model, config('auto'), 'cpu', RTX_3060)
-    assert probes == [attention.flex_kernel_options(RTX_3060, 16)[0]] and model.flex_options == probes[0]
+    assert probes == [attention.flex_kernel_options(RTX_3060, 16)[0]] and model.kernels.flex_options == probes[0]
     assert 'attention: FlexAttention for the windows in blocks, kernel options: fwd_BLOCK_M=' in capsys.readouterr().out
     assert attention_kinds(model) == ['flex']
 
@@ -54,14 +54,14 @@ def test_auto_falls_back_to_the_next_options_then_to_the_masked_attention_with_a
     def out_of_resources(*args, **kwargs):
         raise RuntimeError('out of resource: shared memory, Required: 131074, Hardware limit: 101376')
     monkeypatch.setattr(attention, 'compiled_flex_attention', lambda: out_of_resources)
-    model = GPT(GPTConfig(**WINDOWED), flex_kernel=None)
+    model = GPT(GPTConfig(**WINDOWED), kernels=Kernels())  # attention_kernel='auto'
     step.set_flex_options(model, config('auto'), 'cpu', RTX_3060)
     assert probes == list(attention.flex_kernel_options(RTX_3060, 16))  # each tried, fastest first
     out = capsys.readouterr().out
     assert out == ("attention: FlexAttention does not run on this GPU (RuntimeError: out of resource: shared memory, "
                    "Required: 131074, Hardware limit: 101376): the windows in blocks run the masked attention "
                    "(attention_kernel='masked'), slower\n")
-    assert model.flex_kernel is False and attention_kinds(model) == ['window']
+    assert model.kernels.flex is False and attention_kinds(model) == ['window']
     x = tokens_with_documents((1, 384), 0, every=90)
     _, loss = model(x, x)
     loss.backward()  # and it trains
@@ -70,7 +70,7 @@ def test_auto_falls_back_to_the_next_options_then_to_the_masked_attention_with_a
 
 def test_flex_asked_for_where_it_does_not_run_is_one_line(probes, monkeypatch):
     monkeypatch.setattr(attention, 'compiled_flex_attention', lambda: None)  # calling it: a TypeError
-    model = GPT(GPTConfig(**WINDOWED), flex_kernel=True)
+    model = GPT(GPTConfig(**WINDOWED), kernels=Kernels(flex=True))
     with pytest.raises(ConfigError, match=r"^attention_kernel='flex': FlexAttention does not run on this GPU "
                                           r"\(TypeError: 'NoneType' object is not callable\): use "
                                           r"--attention_kernel=auto or masked$"):
@@ -80,7 +80,8 @@ def test_flex_asked_for_where_it_does_not_run_is_one_line(probes, monkeypatch):
 def test_attention_kernel_sets_the_models_flex_kernel():
     for key, flex_kernel in (('auto', None), ('flex', True), ('masked', False)):
         built = step.build_model({**config(key), 'n_layer': 2, 'n_head': 2, 'n_embd': 32}, WINDOWED)
-        assert built.flex_kernel is flex_kernel
+        assert (built.kernels.flash, built.kernels.flex) == (None, flex_kernel)
+        assert built.loss_fn is chunked_cross_entropy  # train.py's loss, not model.py's own
 
 
 def test_the_line_on_windows_by_position_and_documents_says_which_attention_runs_and_why(monkeypatch):

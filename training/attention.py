@@ -1,29 +1,19 @@
 """
-The kinds of attention model.py's GPT runs, and the one choice among them that GPT.forward makes for all its layers:
-GPT-2's causal attention, or what a sliding window (attn_window, in blocks with attn_window_block), documents
-(doc_token), padded rows and generation's KV cache restrict it to. Each kind computes the same attention where
-another can run; they differ in the kernel and the memory it takes:
-
-| kind | where | kernel |
-|---|---|---|
-| causal | nothing but causality restricts attention | SDPA's is_causal: FlashAttention on a GPU |
-| varlen | a window by position and/or documents, Ampere or later | FlashAttention's variable-length kernel |
-| flex | a window in blocks, with or without documents, on CUDA | FlexAttention: the blocks the mask empties skipped |
-| window | a window where no kernel above runs (a CPU) | SDPA under a mask, a block of queries at a time |
-| masked | padded rows, no window | SDPA under a (T, T) mask |
-| cache | generation with a KVCache | SDPA under a mask of the new positions against all cached ones |
+The attention kernels GPT gets on a GPU (`kernels`), which skip what model.py's masks empty, and their helpers: for
+documents and windows by position, FlashAttention's variable-length kernel (Ampere or later); for windows in blocks
+(attn_window_block), FlexAttention, whose tiles flex_kernel_options fits to the GPU's shared memory and flex_probe
+tries before a run. Where neither runs, model.py's SDPA under a mask computes the same attention (choose_attention).
 
 Besides, window_document_attention: gpt2026.py's attention (its window by position within documents) in the same
 variable-length kernel, which a CUDA run passes to GPT2026 in place of its SDPA under a mask.
-
-Like model.py, this file needs only torch.
 """
 import functools
 import inspect
-from typing import NamedTuple
 
 import torch
 from torch.nn import functional as F
+
+from model import document_ids
 
 try: # FlexAttention: torch 2.5 and later
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -31,131 +21,58 @@ except ImportError:
     BlockMask = flex_attention = None
 
 
-class Attention(NamedTuple):
-    """The attention every layer runs in one forward, chosen once by choose_attention, and what that kind needs."""
-    kind: str # 'causal', 'varlen', 'flex', 'window', 'masked', 'cache' (the table above)
-    mask: torch.Tensor = None # additive: masked (B, 1, T, T); window (B, n, 1, w, 2w); cache (B or 1, 1, T, keys)
-    documents: tuple = () # varlen: (FlashAttention's kernel, its dtype, cu_seqlens, longest: document_segments')
-    window: int = 0 # varlen: the sliding window (0: none)
-    offset: int = 0 # cache: the position of the first new token
-    flex: tuple = () # flex: (its BlockMask, kernel_options, the dtype it runs in)
 
-CAUSAL = Attention('causal')
+class Kernels:
+    """GPT's `kernels`: the attention of a forward in FlashAttention's variable-length kernel (documents, windows by
+    position) or FlexAttention's (windows in blocks), where one runs; None leaves it to model.py's SDPA under a mask.
+    flash and flex: None where the kernel runs (flash: an Ampere or later GPU; flex: CUDA with a torch that has it),
+    True on any device (estimate_memory.py traces a CUDA run on a CPU, tests run stand-ins there), False never.
+    flex_options: FlexAttention's kernel_options ({}: torch's tiles; training.step picks them for the GPU)."""
 
+    def __init__(self, flash=None, flex=None):
+        self.flash, self.flex, self.flex_options = flash, flex, {}
 
-def attend(q, k, v, attention, cache, dropout_p):
-    """The attention of q, k, v (B, nh, T, hs) of the kind `attention` names; cache: this layer's (keys, values) of a
-    KVCache; dropout_p: the attention dropout, applied by the kernels that take it."""
-    kind = attention.kind
-    if kind == 'causal': # flash attention where the hardware has it, never a (T, T) matrix there
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-    if kind == 'varlen':
-        return document_attention(q, k, v, *attention.documents, attention.window)
-    if kind == 'flex':
-        return flex_document_attention(q, k, v, *attention.flex)
-    if kind == 'window':
-        return blocked_attention(q, k, v, attention.mask, dropout_p)
-    if kind == 'cache': # the new positions join the cached ones, then attend to all of them under the mask
-        keys, values = cache
-        end = attention.offset + q.size(2)
-        keys[:, :, attention.offset:end], values[:, :, attention.offset:end] = k, v
-        k, v = keys[:, :, :end], values[:, :, :end]
-    if kind in ('masked', 'cache'):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attention.mask, dropout_p=dropout_p)
-    raise ValueError(f"unknown attention kind {kind!r}")
+    def __call__(self, config, idx, window, dtype):
+        """(function, *arguments) of the attention of a forward on idx (B, T) under config's rule, or None."""
+        t = idx.size(1)
+        block = config.attn_window_block
+        if block and window and t > window: # a window in blocks: FlashAttention's is by position
+            if not self.flex_runs(config, idx.device):
+                return None
+            doc = None if config.doc_token < 0 else document_ids(idx, config.doc_token)
+            return (flex_document_attention, flex_block_mask(doc, t, window // block, block, idx.device),
+                    self.flex_options, dtype)
+        kernel = self.varlen_kernel(idx.device, dtype, config.n_embd // config.n_head)
+        if kernel is None:
+            return None
+        # in `dtype`: value_residual's fp32 lambda makes v fp32, qk_norm leaves q and k in fp32
+        return (document_attention, kernel, dtype, *document_segments(idx, config.doc_token), window)
 
+    def varlen_kernel(self, device, dtype, head_size):
+        """varlen_kernel's FlashAttention variable-length kernel where it runs here (flash), else None."""
+        return varlen_kernel(device, dtype, head_size, self.flash)
 
-def choose_attention(config, idx, pos, cache, window, dtype, varlen_kernel=None, flex_options=None):
-    """The Attention every layer of a forward on idx (B, T) runs, chosen once from what causality, the sliding
-    `window`, config.doc_token, the cache and padding (pos: GPT.forward's positions, 2-D with padding) let each
-    position see. dtype: the one the attention's matrix products run in (GPT.compute_dtype's). varlen_kernel:
-    FlashAttention's variable-length kernel where it runs (GPT.varlen_kernel), else None; flex_options: the
-    kernel_options of FlexAttention where it runs (GPT.flex_kernel_options; {}: torch's tiles), else None."""
-    doc_token = config.doc_token
-    b, t = idx.size()
-    padded = pos.dim() == 2
-    if cache is None and doc_token < 0 and not (window and t > window) and not padded:
-        return CAUSAL # nothing but causality restricts attention here
-    block = config.attn_window_block # a window in blocks: FlashAttention's is by position, the masks here
-    by_position = not (block and window and t > window)
-    kernel = varlen_kernel if cache is None and not padded and by_position else None
-    if kernel is not None: # in `dtype`: value_residual's fp32 lambda makes v fp32, qk_norm leaves q and k in fp32
-        return Attention('varlen', documents=(kernel, dtype, *document_segments(idx, doc_token)), window=window)
-    doc = None
-    if doc_token >= 0: # a document's id: how many doc_tokens up to and including the position
-        doc = ((idx == doc_token) & (pos >= 0)).cumsum(1) # padding is in no document's count
-        if cache is not None:
-            if cache.length:
-                doc = doc + cache.docs[:, cache.length - 1:cache.length]
-            cache.docs[:, cache.length:cache.length + t] = doc
-    if cache is not None or not window or padded: # a mask of every query against every key: the cached ones too
-        keys, k_doc = pos, doc
-        if cache is not None:
-            keys = torch.arange(cache.length + t, device=idx.device)
-            k_doc = None if doc is None else cache.docs[:, :cache.length + t]
-        mask = local_attention_mask(pos, keys, window, doc, k_doc, block).unsqueeze(-3) # (B or 1, 1, t, keys)
-        if padded: # a padding query attends to itself alone: no row of the mask empty (SDPA's NaN)
-            mask = mask | torch.eye(t, dtype=torch.bool, device=idx.device)
-        mask = additive_mask(mask, dtype)
-        return Attention('masked', mask=mask) if cache is None else Attention('cache', mask, offset=cache.length)
-    if flex_options is not None and not by_position:
-        mask = flex_block_mask(doc, t, window // block, block, idx.device)
-        return Attention('flex', flex=(mask, flex_options, dtype))
-    n = -(-t // window) # blocks of `window` queries, the last one padded; each sees its block and the one before
-    q_pos = torch.arange(n * window, device=idx.device).view(n, window)
-    k_pos = torch.arange(-window, (n + 1) * window, device=idx.device).unfold(0, 2 * window, window)[:n]
-    q_doc = k_doc = None
-    if doc is not None: # padding positions get document -1, which no real position has
-        framed = F.pad(doc, (window, n * window - t + window), value=-1)
-        q_doc = framed[:, window:(n + 1) * window].view(b, n, window)
-        k_doc = framed.unfold(1, 2 * window, window)[:, :n]
-    mask = local_attention_mask(q_pos, k_pos, window, q_doc, k_doc, block) # in blocks: none over window - 1 back
-    mask = additive_mask(mask, dtype)
-    return Attention('window', mask=mask.expand(b, n, window, 2 * window).unsqueeze(2).contiguous())
+    def flex_runs(self, config, device):
+        """Whether FlexAttention runs config's windows in blocks on `device` (flex None: on CUDA, with a torch that has
+        it): its tiles need blocks of a multiple of 128 positions and heads of a power of 2 from 16."""
+        head_size = config.n_embd // config.n_head
+        block = config.attn_window_block
+        fits = block > 0 and block % 128 == 0 and head_size >= 16 and head_size & (head_size - 1) == 0
+        on_cuda = self.flex if self.flex is not None else device.type == 'cuda'
+        return fits and on_cuda and flex_attention is not None
 
 
-# -----------------------------------------------------------------------------
-# Masks, and attention under them: what runs where no kernel skips the masked keys
-
-def local_attention_mask(q_pos, k_pos, window, q_doc=None, k_doc=None, block=0):
-    """(..., Tq, Tk) bool, True where a query may attend to a key: a key at a position from 0 up to the query's,
-    fewer than `window` back (0: any), and of the same document (with the documents' ids q_doc, k_doc). block > 0
-    (attn_window_block): `window` counts blocks of `block` positions from 0, FlexAttention's block masks: a key in
-    one of the window // block blocks up to the query's, every such key up to the query in its document."""
-    q_pos, k_pos = q_pos[..., :, None], k_pos[..., None, :]
-    mask = (k_pos >= 0) & (k_pos <= q_pos)
-    if window: # each side compared as it is, not their (Tq, Tk) difference: no int64 matrix beside the mask
-        near = k_pos // block > q_pos // block - window // block if block else k_pos > q_pos - window
-        mask = mask & near
-    if q_doc is not None:
-        mask = mask & (q_doc[..., :, None] == k_doc[..., None, :])
-    return mask
-
-def additive_mask(mask, dtype):
-    """A bool mask (True: attend) as the float mask SDPA adds to its scores, 0 or -inf in `dtype`, made once a
-    forward: given the bool mask, SDPA converts it in every layer and keeps each layer's copy for backward."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float('-inf'))
-
-def blocked_attention(q, k, v, mask, dropout_p):
-    """Sliding-window attention in blocks: the queries of each block of w positions (w = attn_window) against the
-    keys of their block and of the block before, under `mask` (B, n_blocks, 1, w, 2w): memory and compute grow as
-    T * w, not T**2. q, k, v (B, nh, T, hs); T is padded to whole blocks, and one block of keys goes in front."""
-    B, nh, T, hs = q.shape
-    n, w = mask.size(1), mask.size(-2)
-    pad = n * w - T
-    q = F.pad(q, (0, 0, 0, pad)).view(B, nh, n, w, hs)
-    k, v = (F.pad(t, (0, 0, w, pad)) for t in (k, v))
-    k, v = (torch.cat((t[:, :, :-w].view(B, nh, n, w, hs), t[:, :, w:].view(B, nh, n, w, hs)), dim=3) for t in (k, v))
-    # each block a batch entry of attention's 4-D kernels: (B * n, nh, w or 2w, hs)
-    q, k, v = (t.transpose(1, 2).reshape(B * n, nh, -1, hs) for t in (q, k, v))
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.view(B * n, 1, w, 2 * w), dropout_p=dropout_p)
-    return y.view(B, n, nh, w, hs).transpose(1, 2).reshape(B, nh, n * w, hs)[:, :, :T]
+def kind(attention):
+    """The kind of model.py's Attention as it runs: its own, or which of Kernels' kernels, 'varlen' or 'flex'."""
+    if attention.kind != 'kernel':
+        return attention.kind
+    return 'varlen' if attention.kernel[0] is document_attention else 'flex'
 
 
 # -----------------------------------------------------------------------------
 # FlashAttention's variable-length kernel: documents and windows by position
 
-# torch._disable_dynamo is torch.compiler.disable that imports torch's compiler at the first call, not with model.py
+# torch._disable_dynamo is torch.compiler.disable that imports torch's compiler at the first call, not at import
 @torch._disable_dynamo
 @functools.cache
 def flash_varlen_attn():
@@ -167,10 +84,10 @@ def flash_varlen_attn():
         return None
     return varlen_attn if 'window_size' in inspect.signature(varlen_attn).parameters else None
 
-def varlen_kernel(device, dtype, head_size, flash_kernel=None, dropout=False):
+def varlen_kernel(device, dtype, head_size, flash_kernel=None):
     """FlashAttention's variable-length kernel where it runs (flash_kernel None: an Ampere or later GPU; True: on any
     device, as estimate_memory.py traces a CUDA run on a CPU; False: never), else None (varlen_missing says why)."""
-    return None if varlen_missing(device, dtype, head_size, flash_kernel, dropout) else flash_varlen_attn()
+    return None if varlen_missing(device, dtype, head_size, flash_kernel) else flash_varlen_attn()
 
 def varlen_missing(device, dtype, head_size, flash_kernel=None, dropout=False):
     """What FlashAttention's variable-length kernel needs and lacks on `device` (varlen_kernel's arguments), in a few
@@ -335,19 +252,3 @@ def flex_probe(device, n_head, head_size, dtype, block, kernel_options):
         lines = str(e).strip().splitlines()
         return f'{type(e).__name__}: {lines[0]}' if lines else type(e).__name__
     return None
-
-# -----------------------------------------------------------------------------
-# Generation's cache
-
-class KVCache:
-    """The keys and values of every layer for the positions run so far, so that generation feeds the model only its
-    new tokens. Static, as gpt-fast's: max_len positions; GPT.forward(idx, cache=...) writes at length, advances it."""
-
-    def __init__(self, config, batch_size, max_len, device, dtype):
-        shape = (batch_size, config.n_head, max_len, config.n_embd // config.n_head)
-        self.layers = [(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype))
-                       for _ in range(config.n_layer)]
-        # doc_token: the document of each position, for the masks of the positions that follow
-        self.docs = torch.zeros(batch_size, max_len, dtype=torch.long, device=device) if config.doc_token >= 0 else None
-        self.max_len = max_len
-        self.length = 0 # positions filled
