@@ -43,8 +43,8 @@ from torch.distributed import init_process_group, destroy_process_group
 
 from training import configurator
 from training import rules
-from training.checkpoint import (checkpoint_path, load_checkpoint, pending_gradients, restore_pending_gradients,
-                                 restore_training_state, save_checkpoint, saved_iteration)
+from training.checkpoint import (PREVIOUS_NAME, checkpoint_path, load_checkpoint, pending_gradients,
+                                 restore_pending_gradients, restore_training_state, save_checkpoint, saved_iteration)
 from training.data import check_tokens, get_encoding, sequential_offsets
 from training.device import (TORCH_DTYPES, cap_memory, check_device, default_backend, default_compile,
                              default_device, default_dtype, peak_flops)
@@ -326,6 +326,13 @@ elif init_from == 'resume':
     best_val_loss = float(checkpoint['best_val_loss']) # nanoGPT saved a tensor
 else:
     print(f"Initializing from GPT-2 weights: {init_from}")
+# another run's ckpt.pt in out_dir, which this run's first save replaces (nanoGPT's): kept as ckpt.prev.pt, so that a
+# run started without --init_from=resume loses nothing
+keep_other_run = init_from != 'resume' and not eval_only and master_process and os.path.exists(checkpoint_path(out_dir))
+if keep_other_run:
+    other_iter = saved_iteration(out_dir)
+    print(f"{checkpoint_path(out_dir)} holds another run{'' if other_iter is None else f' (iteration {other_iter})'}: "
+          f"this run's first checkpoint keeps it as {PREVIOUS_NAME}; --init_from=resume would continue it")
 # the shape is the checkpoint's or OpenAI's, only dropout as configured; block_size and meta.pkl must fit it
 model_args, _ = rules.model_args(config, meta_vocab_size, checkpoint and checkpoint['model_args'])
 check_floor(training_floor(config, model_args), device, f'lower batch_size ({batch_size}), block_size, n_layer or '
@@ -526,7 +533,8 @@ while True:
                         'scaler': scaler.state_dict(),
                         'rng_states': rng_states,
                         'pending_gradients': pending,
-                    }, out_dir)
+                    }, out_dir, keep_previous=keep_other_run)
+                    keep_other_run = False
                 model_state = optimizer_state = pending = None # free the gathered copies before training goes on
     if eval_only:
         break

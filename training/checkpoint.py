@@ -18,6 +18,7 @@ from training.errors import ConfigError, first_line
 from training.parallel import load_optimizer_state, world_size
 
 CKPT_NAME = 'ckpt.pt'
+PREVIOUS_NAME = 'ckpt.prev.pt'  # another run's ckpt.pt, kept when a new run in its out_dir first saves (keep_previous)
 # the init_from values sample.py and hellaswag.py load (train.py's add 'scratch'), as --help lists them
 LOAD_CHOICES = ('resume', *GPT.PRETRAINED_ARGS, 'PATH (a Hugging Face GPT-2 folder or an export_hf.py export)')
 # a save writes .ckpt.pt.<pid>.tmp first: the pid tells a later save whether the writer of a leftover still runs
@@ -59,9 +60,10 @@ def remove_stale_temporaries(out_dir):
                 os.remove(os.path.join(out_dir, name))
 
 
-def save_checkpoint(checkpoint, out_dir):
+def save_checkpoint(checkpoint, out_dir, keep_previous=False):
     """Write out_dir/ckpt.pt through a temporary file in out_dir and os.replace: a crash or kill at any moment
-    leaves either the previous ckpt.pt or the new one, never a partial file."""
+    leaves either the previous ckpt.pt or the new one, never a partial file. keep_previous: the ckpt.pt there now
+    (another run's) stays, as ckpt.prev.pt (keep_aside)."""
     os.makedirs(out_dir, exist_ok=True)
     remove_stale_temporaries(out_dir)
     tmp = os.path.join(out_dir, f'{TMP_PREFIX}{os.getpid()}{TMP_SUFFIX}')  # same filesystem, so os.replace is a rename
@@ -70,6 +72,8 @@ def save_checkpoint(checkpoint, out_dir):
             torch.save(checkpoint, f)
             f.flush()
             os.fsync(f.fileno())  # the data is on disk before the rename makes it ckpt.pt
+        if keep_previous:
+            keep_aside(out_dir)
         os.replace(tmp, checkpoint_path(out_dir))
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
@@ -80,6 +84,21 @@ def save_checkpoint(checkpoint, out_dir):
                                   f'space in {out_dir} (a checkpoint with its optimizer state is about 16 bytes a '
                                   f'parameter) or use another --out_dir') from None
         raise
+
+
+def keep_aside(out_dir):
+    """out_dir/ckpt.pt, if any, also as ckpt.prev.pt (replacing an older one): a hard link, no copy, ckpt.pt itself
+    in place until the new one replaces it; where the filesystem has no hard links, renamed (for the instant until
+    the new one is renamed in, out_dir holds ckpt.prev.pt alone)."""
+    current, previous = checkpoint_path(out_dir), os.path.join(out_dir, PREVIOUS_NAME)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(previous)
+    try:
+        os.link(current, previous)
+    except FileNotFoundError:  # nothing to keep
+        pass
+    except OSError:  # FAT, exFAT and some network filesystems have no hard links
+        os.replace(current, previous)
 
 
 def saved_iteration(out_dir):

@@ -290,6 +290,19 @@ def test_non_finite_loss_stops_without_saving(good_checkpoint):
     assert (out_dir / 'ckpt.pt').read_bytes() == before and os.listdir(out_dir) == ['ckpt.pt']
 
 
+def test_a_run_from_scratch_keeps_the_checkpoint_it_replaces_as_ckpt_prev(good_checkpoint):
+    """A run started in the out_dir of another (a forgotten --init_from=resume) says so at its start, and its first
+    save keeps the other run's ckpt.pt whole as ckpt.prev.pt; its later saves replace only its own."""
+    data_dir, out_dir, before = good_checkpoint
+    result = train(data_dir, out_dir, '--max_iters=4', '--eval_interval=2')
+    assert result.returncode == 0, result.stderr
+    assert (f"{out_dir / 'ckpt.pt'} holds another run (iteration 30): this run's first checkpoint keeps it as "
+            f"ckpt.prev.pt; --init_from=resume would continue it") in result.stdout
+    assert result.stdout.count('saving checkpoint') == 2  # at iterations 2 and 4
+    assert (out_dir / 'ckpt.prev.pt').read_bytes() == before and load(out_dir)['iter_num'] == 4
+    assert sorted(os.listdir(out_dir)) == ['ckpt.prev.pt', 'ckpt.pt']
+
+
 def test_a_save_that_fails_stops_with_one_line_and_keeps_the_last_checkpoint(good_checkpoint):
     """A full disk at the second save of this run: one line, exit 2, the checkpoint of the first save intact."""
     data_dir, out_dir, _ = good_checkpoint

@@ -67,6 +67,30 @@ def test_a_save_that_fails_keeps_the_previous_checkpoint(tmp_path, monkeypatch, 
     assert os.listdir(tmp_path) == ['ckpt.pt'] and (tmp_path / 'ckpt.pt').read_bytes() == before
 
 
+@pytest.mark.parametrize('hard_links', [True, False], ids=['hard link', 'no hard links'])
+def test_keep_previous_keeps_the_replaced_checkpoint_as_ckpt_prev(tmp_path, monkeypatch, hard_links):
+    """Another run's ckpt.pt, replaced by keep_previous's save, stays whole as ckpt.prev.pt (an older one replaced),
+    whether the filesystem has hard links or not; without keep_previous a save keeps nothing."""
+    if not hard_links:
+        def no_links(source, target):
+            raise OSError(1, 'Operation not permitted')  # exFAT's answer
+        monkeypatch.setattr(ckpt.os, 'link', no_links)
+    (tmp_path / 'ckpt.prev.pt').write_bytes(b'older')
+    save_checkpoint({'model': {'w': torch.ones(3)}, 'model_args': {}, 'iter_num': 30}, str(tmp_path))
+    other_run = (tmp_path / 'ckpt.pt').read_bytes()
+    save_checkpoint({'model': {'w': torch.zeros(3)}, 'model_args': {}, 'iter_num': 2}, str(tmp_path), keep_previous=True)
+    assert (tmp_path / 'ckpt.prev.pt').read_bytes() == other_run
+    assert torch.equal(load_checkpoint(str(tmp_path), 'cpu')['model']['w'], torch.zeros(3))
+    save_checkpoint({'model': {'w': torch.full((3,), 2.0)}, 'model_args': {}, 'iter_num': 4}, str(tmp_path))
+    assert (tmp_path / 'ckpt.prev.pt').read_bytes() == other_run  # a save without keep_previous leaves it
+    assert sorted(os.listdir(tmp_path)) == ['ckpt.prev.pt', 'ckpt.pt']
+
+
+def test_keep_previous_in_an_empty_out_dir_keeps_nothing(tmp_path):
+    save_checkpoint({'model': {}, 'model_args': {}}, str(tmp_path), keep_previous=True)
+    assert os.listdir(tmp_path) == ['ckpt.pt']
+
+
 # seeded bytes: every pytest-xdist worker collects the same tests
 @pytest.mark.parametrize('content, message', [(random.Random(0).randbytes(4096), 'is not a PyTorch checkpoint'),
                                               (b'', 'is not a PyTorch checkpoint')], ids=['random bytes', 'empty'])
