@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from training import configurator
-from chunked_loss import chunk_rows, chunked_cross_entropy, naive_cross_entropy
+from training.chunked_loss import chunk_rows, chunked_cross_entropy, naive_cross_entropy
 from model import GPTConfig
 from training import card, rules
 from training.card_report import markdown as card_markdown
@@ -67,7 +67,7 @@ def torch_linear_cross_entropy():
     return loss_fn
 
 
-# GPT.loss_fn by --loss name, for both modes: chunked_loss.py's, nanoGPT's full logits and torch's own (None
+# GPT.loss_fn by --loss name, for both modes: training/chunked_loss.py's, nanoGPT's full logits and torch's own (None
 # where this torch lacks it)
 LOSSES = {'chunked': chunked_cross_entropy, 'naive': naive_cross_entropy, 'torch': torch_linear_cross_entropy()}
 
@@ -81,8 +81,8 @@ real_data = True # train mode: read data_dir/dataset/train.bin; False: one fixed
 # train mode
 burnin_steps = 10 # training iterations run before the timed ones (compilation and warm-up), not timed
 num_steps = 20 # training iterations timed, after the burn-in
-loss = 'chunked' # the losses to time, comma-separated (LOSSES: chunked_loss.py's, nanoGPT's full logits, torch's
-                 # chunked F.linear_cross_entropy); each with the same model, data and micro-batch
+loss = 'chunked' # the losses to time, comma-separated (LOSSES: training/chunked_loss.py's, nanoGPT's full logits,
+                 # torch's chunked F.linear_cross_entropy); each with the same model, data and micro-batch
 find_batch_size = False # also find the largest micro-batch each loss trains at, by trying it on the GPU (CUDA only)
 count_ops = False # train mode: instead of timing, the aten operators (kernel launches) of one iteration by part, with
                   # our loss and the naive one in train.py's step and nanoGPT's loop (training/opcount.py); the

@@ -5,9 +5,9 @@ GPT-2's path comes first (LayerNorm, CausalSelfAttention, MLP, Block, GPTConfig,
 modded-nanogpt's options (defaults: GPT-2's). Then what they add: value embeddings and rotary embeddings; the kinds of
 attention that windows, documents and generation's cache call for (SDPA, under a mask where they restrict it); and the
 loss, linear_cross_entropy, in chunks of rows, so that the (B*T, vocab) logits never exist.
-A run of train.py gives GPT two things faster on a GPU (training/attention.py's kernels, FlashAttention's for documents
-and windows by position and FlexAttention's for windows in blocks, and chunked_loss.py's tuned loss); they compute
-what this file computes.
+A run of train.py gives GPT two things faster on a GPU, which compute what this file computes: training/attention.py's
+kernels (FlashAttention's for documents and windows by position, FlexAttention's for windows in blocks) and
+training/chunked_loss.py's tuned loss.
 
 References:
 1) the official GPT-2 TensorFlow implementation released by OpenAI:
@@ -62,8 +62,9 @@ class CausalSelfAttention(nn.Module):
         self.v1_lambda = nn.Parameter(torch.tensor([0.5])) if config.value_residual else None # 1-D: fsdp shards it
 
     def forward(self, x, *, attention=None, rotary=None, value_embed=None, cache=None, v1=None):
-        """attention: GPT.attention's (None: causal); rotary: GPT.forward's (cos, sin) with pos_emb='rope'; value_embed: this layer's
-        value_embeds rows (B, T, C); cache: its (keys, values) in a KVCache; v1: block 0's values. Returns (y, v1)."""
+        """attention: GPT.attention's (None: causal); rotary: GPT.forward's (cos, sin) with pos_emb='rope';
+        value_embed: this layer's value_embeds rows (B, T, C); cache: its (keys, values) in a KVCache; v1: block 0's
+        values. Returns (y, v1)."""
         B, T, C = x.size() # batch size, sequence length, embedding dimensionality (n_embd)
         # calculate query, key, values for all heads in batch and move head forward to be the batch dim
         q, k, v  = self.c_attn(x).split(self.n_embd, dim=2)

@@ -57,7 +57,7 @@ def loss_budgets(n, v, dtype=torch.float32):
     """chunk_bytes at which chunked_cross_entropy takes n rows of a v-token vocabulary (and a width up to 16) in
     chunks of one row, of a few rows (a short last one), in one chunk (just below the one piece's bytes with
     gradients), and in one piece (the default, for inputs this small), as pytest params."""
-    from chunked_loss import one_piece_bytes
+    from training.chunked_loss import one_piece_bytes
     budgets = {'one row a chunk': 1, 'a few rows a chunk': 150 * v, 'one chunk': one_piece_bytes(n, v, dtype) - 1,
                'one piece': None}
     return [pytest.param(budget, id=name) for name, budget in budgets.items()]

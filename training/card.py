@@ -12,7 +12,7 @@ as a train.py run would), in this order:
 4. the profile (training/card_profile.py): the speedrun preset's step and nanoGPT's compiled step.
 
 Coverage accumulates. Each result keeps a fingerprint of the files that made it: the training code (train.py,
-model.py, gpt2026.py, chunked_loss.py and training/ but for the card's own modules), the card
+model.py, gpt2026.py and training/ but for the card's own modules), the card
 module that measured it (PART_FILES) and the configs it ran. Given the report of an earlier run on the same GPU and
 torch (card_report), the card measures only the parts that it lacks (a stale part whose attempt failed lacks its
 result), then those a time limit stopped, then the stale ones (whose fingerprint changed: kept, and marked so, until
@@ -40,7 +40,7 @@ from training.card_train import preset_paths, run_preset
 from training.errors import ConfigError
 
 # the training code every figure depends on, with training/'s modules but the card's own (card*.py)
-CODE = ('train.py', 'model.py', 'gpt2026.py', 'chunked_loss.py')
+CODE = ('train.py', 'model.py', 'gpt2026.py')
 # each kind of part's own files beyond the training code (a preset part also its preset's file)
 PART_FILES = {
     'checks': ('training/card_checks.py', 'training/card_measure.py', f'config/{SPEEDRUN}'),

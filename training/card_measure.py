@@ -17,7 +17,7 @@ import time
 import torch
 
 from training import configurator
-from chunked_loss import chunked_cross_entropy, naive_cross_entropy
+from training.chunked_loss import chunked_cross_entropy, naive_cross_entropy
 from training import card_checks, rules, runs, step
 from training.card_checks import autocast
 from training.data import atomic_files

@@ -6,7 +6,7 @@ and the shares of attention, matmuls, the loss, the optimizer and the rest.
 The profiler links a kernel to the operator that launched it and that operator to the ones around it, not to the
 model's parts, so the shares go by names: what runs under the optimizer's step or zero_grad (torch's own ranges,
 Optimizer.step#...) is the optimizer's; anything else takes the first of CATEGORIES that a name of the kernel, its
-operator or an enclosing one contains. So the loss is its softmax (chunked_loss.py's exp2 and log2, nanoGPT's
+operator or an enclosing one contains. So the loss is its softmax (training/chunked_loss.py's exp2 and log2, nanoGPT's
 cross-entropy, the backward of our loss's autograd Function), its forward's matmuls count as matmuls; a compiled
 graph's fused kernels go by the operators they fused (Inductor's kernel names); and on a CPU a compiled graph's kernels
 run inside its call (## Call CompiledFxGraph ##), 'other'."""

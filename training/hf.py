@@ -136,7 +136,7 @@ def gpt_weights(state_dict, model_args):
 
 def model_sources(root, module='model'):
     """{file name: source} of root/module.py and of every module of root it imports, and those import, each import of
-    one of them made relative (`from chunked_loss import` becomes `from .chunked_loss import`): transformers runs a
+    one of them made relative (`from helpers import` becomes `from .helpers import`): transformers runs a
     folder's code as a package, and copies the files that its modules import relatively."""
     sources, pending = {}, [module]
     while pending:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 import gpt2026
-from chunked_loss import chunked_cross_entropy
+from training.chunked_loss import chunked_cross_entropy
 from model import GPT, GPTConfig
 from training import attention, record2026
 from training.device import matmul_dtype
@@ -51,7 +51,8 @@ def new_model(model_args, **options):
 
 def gpt_options(flash_kernel=None, flex_kernel=None, loss_fn=None, **options):
     """GPT's constructor keywords in a run: training/attention.py's kernels (flash_kernel and flex_kernel: Kernels'
-    flash and flex; None where each runs) and chunked_loss.py's loss (loss_fn None), with the other `options`."""
+    flash and flex; None where each runs) and training/chunked_loss.py's loss (loss_fn None), with the other
+    `options`."""
     loss_fn = chunked_cross_entropy if loss_fn is None else loss_fn
     return dict(kernels=attention.Kernels(flash_kernel, flex_kernel), loss_fn=loss_fn, **options)
 

@@ -1,9 +1,8 @@
-"""model.py in subprocesses and under torch.compile: copied with chunked_loss.py and attention.py it trains, and
-compiled it computes what eager does, through torch's FlashAttention kernel too (on CPU kernels) without compiling
-anew for each window, and FlexAttention's forward in its graph; on a CUDA GPU (the GPU suite, `-m cuda`),
-FlashAttention's variable-length kernel and FlexAttention's kernels (torch's tiles and a consumer card's) compute what
-the masked attention does, on the speedrun preset's model with random weights within the masked attention's own bf16
-error."""
+"""model.py in subprocesses and under torch.compile: copied alone it trains (gpt2026.py too), and compiled it computes
+what eager does, through torch's FlashAttention kernel too (on CPU kernels) without compiling anew for each window,
+and FlexAttention's forward in its graph; on a CUDA GPU (the GPU suite, `-m cuda`), FlashAttention's variable-length
+kernel and FlexAttention's kernels (torch's tiles and a consumer card's) compute what the masked attention does, on
+the speedrun preset's model with random weights within the masked attention's own bf16 error."""
 import contextlib
 import io
 import math
@@ -15,9 +14,9 @@ import sys
 import pytest
 import torch
 
-import chunked_loss
+from training import chunked_loss
 import flash_varlen_on_a_cpu
-from chunked_loss import chunked_cross_entropy
+from training.chunked_loss import chunked_cross_entropy
 from model import GPT, GPTConfig
 from training import attention, card_checks, configurator, rules
 from training.attention import Kernels
@@ -31,8 +30,8 @@ from helpers import (ROOT, loss_and_gradients, loss_and_grads, loss_inputs, soft
                                                x0_shortcut=True)], ids=['gpt2', 'modern'])
 @pytest.mark.parametrize('loss_chunk_mib', [None, 2 ** -10], ids=['one piece', 'chunks'])
 def test_compiled_model_matches_eager_and_runs_the_compiled_chunks(monkeypatch, options, loss_chunk_mib):
-    """Compiled, train.py's loss (chunked_loss.py's) runs nanoGPT's one piece compiled where the budget holds it (the
-    default, for 32 rows of a 50-token vocabulary), else chunks whose softmax is compiled (1 KiB: a few rows a
+    """Compiled, train.py's loss (training/chunked_loss.py's) runs nanoGPT's one piece compiled where the budget holds
+    it (the default, for 32 rows of a 50-token vocabulary), else chunks whose softmax is compiled (1 KiB: a few rows a
     chunk)."""
     torch.manual_seed(0)
     model = GPT(tiny_gpt(**options).config, loss_fn=chunked_cross_entropy, loss_chunk_mib=loss_chunk_mib)

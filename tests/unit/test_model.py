@@ -1,14 +1,15 @@
-"""chunked_loss.py against the naive reference, model.py's GPT in nanoGPT's shape (compiled: e2e/test_model.py)."""
+"""training/chunked_loss.py against the naive reference, model.py's GPT in nanoGPT's shape (compiled:
+e2e/test_model.py)."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import chunked_loss
+from training import chunked_loss
 from training import configurator
 import model as model_lib
-from chunked_loss import chunked_cross_entropy, naive_cross_entropy
+from training.chunked_loss import chunked_cross_entropy, naive_cross_entropy
 from helpers import loss_and_grads, loss_budgets, loss_inputs, tiny_gpt
 from model import GPT, GPTConfig
 from training.memory.tracer import MemoryTracer

@@ -1,12 +1,12 @@
 """model.py's own loss, linear_cross_entropy (the loss of model.py copied alone), against nanoGPT's full logits and
-chunked_loss.py's tuned loss, which train.py gives GPT in its place: the same losses and gradients."""
+training/chunked_loss.py's tuned loss, which train.py gives GPT in its place: the same losses and gradients."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from chunked_loss import chunked_cross_entropy
+from training.chunked_loss import chunked_cross_entropy
 from helpers import loss_and_grads, loss_inputs, tiny_gpt
 from model import GPT, linear_cross_entropy
 from training.memory.tracer import MemoryTracer
@@ -39,8 +39,8 @@ def test_loss_and_gradients_are_nanogpts_in_fp64(chunk_bytes, softcap):
 
 
 def test_bf16_autocast_gives_the_tuned_losss_results():
-    """Under bf16 autocast with fp32 weights, as train.py runs: chunked_loss.py's loss and gradients within bf16's
-    rounding, the gradients in the inputs' fp32."""
+    """Under bf16 autocast with fp32 weights, as train.py runs: training/chunked_loss.py's loss and gradients within
+    bf16's rounding, the gradients in the inputs' fp32."""
     h, w, t = loss_inputs()
     with torch.autocast('cpu', dtype=torch.bfloat16):
         tuned = loss_and_grads(chunked_cross_entropy, h, w, t)
@@ -83,8 +83,8 @@ def test_no_tensor_near_n_by_v_in_forward_and_backward():
 
 
 def test_a_gpt_on_its_own_loss_trains_as_on_the_tuned_one():
-    """model.py's GPT without loss_fn (its own loss) against the same weights on chunked_loss.py's: the same loss and
-    gradients, in fp64, with a soft-capped untied head."""
+    """model.py's GPT without loss_fn (its own loss) against the same weights on training/chunked_loss.py's: the same
+    loss and gradients, in fp64, with a soft-capped untied head."""
     model = tiny_gpt(logit_softcap=5.0, tie_weights=False).double()
     tuned = GPT(model.config, loss_fn=chunked_cross_entropy).double()
     tuned.load_state_dict(model.state_dict())

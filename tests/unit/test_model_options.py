@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import flash_varlen_on_a_cpu
 import model as model_lib
-from chunked_loss import chunked_cross_entropy
+from training.chunked_loss import chunked_cross_entropy
 from helpers import ROOT, loss_and_gradients, loss_budgets, softcap_inputs, tokens_with_documents
 from model import (GPT, Attention, GPTConfig, KVCache, LayerNorm, apply_rotary, blocked_attention, local_attention_mask,
                    rotary_cos_sin, value_embed_table)

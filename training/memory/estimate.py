@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 import gpt2026
-from chunked_loss import chunked_cross_entropy, naive_cross_entropy
+from training.chunked_loss import chunked_cross_entropy, naive_cross_entropy
 from training import attention as attention_module, optimizers, rules, runs, step
 from training.checkpoint import load_checkpoint
 from training.errors import ConfigError
@@ -45,7 +45,7 @@ ESTIMATOR_DEFAULTS = dict(
     ladder=False, # if it does not fit: add memory levers one at a time until it does, and print that command
     measure=False, # also run two real training steps on this machine's GPU: the ground truth
     world_size=1, # processes under torchrun: the per-rank memory of ddp, zero1 or fsdp
-    loss='chunked', # chunked: chunked_loss.py's loss; naive: nanoGPT's full logits, to compare
+    loss='chunked', # chunked: training/chunked_loss.py's loss; naive: nanoGPT's full logits, to compare
 )
 
 
@@ -316,8 +316,8 @@ def check_config(config):
     rules.check_config(config, config['world_size'], 'cuda')
     model_args(config)  # block_size and the dataset's vocabulary against the model's
     if config['loss'] not in LOSSES:
-        raise ConfigError(f"unknown loss {config['loss']!r}: use --loss=chunked (chunked_loss.py's) or --loss=naive "
-                          f"(nanoGPT's full logits, for comparison)")
+        raise ConfigError(f"unknown loss {config['loss']!r}: use --loss=chunked (training/chunked_loss.py) or "
+                          f"--loss=naive (nanoGPT's full logits, for comparison)")
     if config['loss'] != 'chunked' and config['model_file'] == runs.RECORD_2026_FILE:
         raise ConfigError(f"loss={config['loss']!r} is a loss of model.py's GPT; model_file='gpt2026.py' has its own "
                           f"(in chunks of rows): drop --loss")

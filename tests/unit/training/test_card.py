@@ -193,7 +193,7 @@ def test_a_fingerprint_follows_the_preset_file_and_the_training_code_but_not_the
     read = []
     monkeypatch.setattr(card, 'digest', lambda paths, seed='': read.extend(paths))
     card.code_digest()
-    assert {'train.py', 'model.py', 'training/attention.py', 'chunked_loss.py', 'training/step.py',
+    assert {'train.py', 'model.py', 'training/attention.py', 'training/chunked_loss.py', 'training/step.py',
             'training/memory/estimate.py', 'training/phase_log.py'} <= set(read)
     assert not [path for path in read if os.path.basename(path).startswith('card')]  # the card's own: PART_FILES
     assert 'training/card_train.py' in card.PART_FILES['preset'] and 'training/card_checks.py' in \

@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from chunked_loss import chunk_rows, chunked_cross_entropy, one_piece_bytes
+from training.chunked_loss import chunk_rows, chunked_cross_entropy, one_piece_bytes
 from helpers import gpt2_estimator_config, loss_inputs, tiny_gpt
 from training.opcount import OVERHEAD, OperatorCounter, count_step
 from training import runs

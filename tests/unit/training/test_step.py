@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flex_on_a_cpu
-from chunked_loss import chunked_cross_entropy
+from training.chunked_loss import chunked_cross_entropy
 from helpers import tokens_with_documents
 from model import GPT, GPTConfig
 from training import attention, configurator, runs, step
