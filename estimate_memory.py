@@ -85,7 +85,7 @@ def report(config, result):
         lines.append(f"estimated training total: {gib(result['total_bytes'])}")
     lines.append(f"evaluation forward (no_grad, batch {evaluation['batch_size']}): peak of tensors "
                  f"{gib(evaluation['peak_bytes'])}, {gib(result['eval_total_bytes'])} with the allowance")
-    budget, needed = result['budget_bytes'], max(result['total_bytes'] or 0, result['eval_total_bytes'])
+    budget, needed = result['budget_bytes'], result['needed_bytes']
     card = (f"a {config['gpu_memory_gb']:g} GB card ({gib(result['gpu_memory_bytes'])}, "
             f"{gib(result['headroom_bytes'])} of it left free: --gpu_headroom_gb)")
     hint = ' or --ladder' if result['activation_checkpointing'] else ', --activation_checkpointing=True or --ladder'

@@ -192,7 +192,8 @@ def test_a_record_model_that_does_not_fit_is_told_what_applies_to_it(tiny):
     fewer tokens in more micro-steps."""
     config = {**tiny, 'n_layer': 1, 'gradient_accumulation_steps': 1, 'gpu_memory_gb': 2.0}
     result = fit.estimate(config)
-    over = {**result, 'fits': False, 'total_bytes': result['budget_bytes'] + GIB}
+    needed = result['budget_bytes'] + GIB
+    over = {**result, 'fits': False, 'total_bytes': needed, 'needed_bytes': needed}
     ladder = [dict(rung='as configured', cost='', levers={}, fits=False, skipped=None, batch_1_total_bytes=3 * GIB)]
     for model_file, verdict, last in (
             ('model.py', 'try --find_batch_size, --activation_checkpointing=True or --ladder',

@@ -190,7 +190,8 @@ def estimate(config, progress=silent, warm_start=False):
     result['gpu_memory_bytes'] = card_bytes
     result['headroom_bytes'] = card_bytes - budget_bytes
     result['budget_bytes'] = budget_bytes
-    result['fits'] = max(result['total_bytes'] or 0, result['eval_total_bytes']) <= budget_bytes  # or 0: eval_only
+    result['needed_bytes'] = max(result['total_bytes'] or 0, result['eval_total_bytes'])  # or 0: eval_only
+    result['fits'] = result['needed_bytes'] <= budget_bytes
     if config['find_batch_size']:
         result['find_batch_size'] = find_batch_sizes(config, budget_bytes, progress)
     if config['ladder']:  # a config that fits needs no lever: an empty ladder
