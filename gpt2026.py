@@ -7,8 +7,8 @@ tests/unit/test_record_2026_model.py proves it equal to the record in float64.
 
 The record runs FP8 matmuls, FlashAttention 3 and Triton kernels; here they are torch's matmuls in the weights' (or
 autocast's) dtype, `attend` (SDPA under a mask, on any device; GPT2026 takes another function of its arguments, such as
-training/attention.py's FlashAttention variable-length kernel with a window by position, which a CUDA run passes) and a loss
-computed in chunks of rows, so that the (B*T, vocab) logits never exist.
+training/attention.py's FlashAttention variable-length kernel with a window by position, which a CUDA run passes) and a
+loss computed in chunks of rows, so that the (B*T, vocab) logits never exist.
 
 What changes during the record's run is not in the weights; the training loop gives it:
 - forward's `windows` (short, long) and `mtp_weights`, those of the step;

@@ -5,9 +5,9 @@ GPT-2's path comes first (LayerNorm, CausalSelfAttention, MLP, Block, GPTConfig,
 modded-nanogpt's options (defaults: GPT-2's). Then what they add: value embeddings and rotary embeddings; the kinds of
 attention that windows, documents and generation's cache call for (SDPA, under a mask where they restrict it); and the
 loss, linear_cross_entropy, in chunks of rows, so that the (B*T, vocab) logits never exist.
-A run of train.py gives GPT two things faster on a GPU, which compute what this file computes: training/attention.py's
-kernels (FlashAttention's for documents and windows by position, FlexAttention's for windows in blocks) and
-training/chunked_loss.py's tuned loss.
+A run of train.py gives GPT what computes the same faster: training/attention.py's kernels on a GPU (FlashAttention's
+for documents and windows by position, FlexAttention's for windows in blocks) and training/chunked_loss.py's tuned
+loss.
 
 References:
 1) the official GPT-2 TensorFlow implementation released by OpenAI:
@@ -80,7 +80,7 @@ class CausalSelfAttention(nn.Module):
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if rotary is not None: # pos_emb='rope': positions enter as rotations of q and k, GPT.forward's (cos, sin)
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        y = attend(q, k, v, attention, cache, self.attn_dropout.p if self.training else 0) # dropout in the kernels
+        y = attend(q, k, v, attention, cache, self.attn_dropout.p if self.training else 0) # dropout inside SDPA
         y = y.transpose(1, 2).contiguous().view(B, T, C) # re-assemble all head outputs side by side
         # output projection
         y = self.resid_dropout(self.c_proj(y))
@@ -174,11 +174,14 @@ class GPT(nn.Module):
         (None: its default) becomes its chunk_bytes, the memory one chunk may take. kernels(config, idx, window,
         dtype): the attention of a forward where windows or documents restrict it, as (function, *arguments), the
         layers' attention then function(q, k, v, *arguments), or None where this file's SDPA under a mask computes it
-        (training/attention.py's Kernels: FlashAttention's and FlexAttention's kernels on a GPU); never asked with
-        dropout, generation's cache or padded rows."""
+        (training/attention.py's Kernels: FlashAttention's and FlexAttention's kernels on a GPU), which have no
+        dropout: never asked in training with dropout, nor with generation's cache or padded rows."""
         super().__init__()
         assert config.vocab_size is not None
         assert config.block_size is not None
+        # a window in blocks counts whole ones: else a position would see more with a longer row than a shorter one
+        assert not config.attn_window_block or config.attn_window % config.attn_window_block == 0, \
+            f"attn_window={config.attn_window} must be a multiple of attn_window_block={config.attn_window_block}"
         self.config = config
         self.activation_checkpointing = activation_checkpointing
         self.loss_fn = linear_cross_entropy if loss_fn is None else loss_fn
@@ -625,7 +628,7 @@ def linear_cross_entropy(hidden, weight, targets, *, ignore_index=-1, reduction=
                          chunk_bytes=2 ** 30):
     """F.cross_entropy of the logits hidden @ weight.T (capped to softcap * tanh(logits / softcap) with softcap > 0)
     against targets, ignoring ignore_index, holding at most chunk_bytes of logits at once (three fp32 buffers of
-    vocab_size a row). hidden (N, d), weight (V, d), targets (N,). reduction 'mean': the mean over the targets not
+    vocab_size a row, fp64 for fp64 inputs). hidden (N, d), weight (V, d), targets (N,). reduction 'mean': the mean over the targets not
     ignored (0 if all are), its gradients computed with it, chunk by chunk, as the logits of each chunk are at hand;
     'none' (no gradients): the (N,) losses, 0 on ignored rows."""
     if reduction not in ('mean', 'none'):
@@ -633,10 +636,9 @@ def linear_cross_entropy(hidden, weight, targets, *, ignore_index=-1, reduction=
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     if reduction == 'none' and wants_grad:
         raise RuntimeError("linear_cross_entropy(reduction='none') has no gradients: call it under torch.no_grad()")
-    rows = max(1, chunk_bytes // (3 * 4 * weight.size(0)))
     if wants_grad:
-        return LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, softcap, rows)
-    losses, count = loss_in_chunks(hidden, weight, targets, ignore_index, softcap, rows)[:2]
+        return LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, softcap, chunk_bytes)
+    losses, count = loss_in_chunks(hidden, weight, targets, ignore_index, softcap, chunk_bytes)[:2]
     return losses if reduction == 'none' else losses.sum() / count
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -644,9 +646,9 @@ class LinearCrossEntropy(torch.autograd.Function):
     the upstream gradient, which carries gradient accumulation's 1 / k."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, ignore_index, softcap, rows):
-        losses, count, grad_hidden, grad_weight = loss_in_chunks(hidden, weight, targets, ignore_index, softcap, rows,
-                                                                 need_grad=True)
+    def forward(ctx, hidden, weight, targets, ignore_index, softcap, chunk_bytes):
+        losses, count, grad_hidden, grad_weight = loss_in_chunks(hidden, weight, targets, ignore_index, softcap,
+                                                                 chunk_bytes, need_grad=True)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.dtypes = hidden.dtype, weight.dtype
         return losses.sum() / count
@@ -658,15 +660,17 @@ class LinearCrossEntropy(torch.autograd.Function):
         return (grad_hidden.mul(grad_loss).to(ctx.dtypes[0]), grad_weight.mul(grad_loss).to(ctx.dtypes[1]),
                 None, None, None, None)
 
-def loss_in_chunks(hidden, weight, targets, ignore_index, softcap, rows, need_grad=False):
+def loss_in_chunks(hidden, weight, targets, ignore_index, softcap, chunk_bytes, need_grad=False):
     """(losses (N,), 0 on ignored rows; the count of rows not ignored, at least 1; with need_grad the gradients of
-    their mean, d / d hidden and d / d weight, else None, None), `rows` rows of logits at a time. The matrix products
-    run in autocast's dtype (else the inputs'), the softmax and the weight's gradient in fp32 (fp64 for fp64):
-    d mean / d logits = (softmax - onehot) / count, times 1 - tanh**2 under the cap."""
+    their mean, d / d hidden and d / d weight, else None, None), as many rows of logits at a time as three buffers of
+    them fit in chunk_bytes. The matrix products run in autocast's dtype (else the inputs'), the softmax and the
+    weight's gradient in fp32 (fp64 for fp64): d mean / d logits = (softmax - onehot) / count, times 1 - tanh**2 under
+    the cap."""
     device_type = hidden.device.type
     autocast = torch.is_autocast_enabled(device_type)
     dtype = torch.get_autocast_dtype(device_type) if autocast else torch.promote_types(hidden.dtype, weight.dtype)
     wide = torch.float64 if dtype == torch.float64 else torch.float32
+    rows = max(1, chunk_bytes // (3 * wide.itemsize * weight.size(0)))
     w = weight.to(dtype)
     valid = targets != ignore_index
     count = valid.sum().clamp(min=1).to(wide)

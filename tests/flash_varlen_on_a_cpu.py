@@ -1,7 +1,7 @@
 """torch.nn.attention.varlen's varlen_attn on a CPU: kernels for its two operators (forward and backward) that check
 what FlashAttention's CUDA kernel checks and compute what it computes, so that the real varlen_attn (its window_size
-convention, autograd and torch.compile support) runs in the tests of model.py's document_attention, and what the GPU
-rejects is rejected here.
+convention, autograd and torch.compile support) runs in the tests of training/attention.py's document_attention, and
+what the GPU rejects is rejected here.
 
 What the CUDA kernel does, from FlashAttention's README and torch's flash_api.cpp (mha_varlen_fwd, mha_varlen_bwd):
 - query i of a sequence sees the keys from i + n_k - n_q - left to i + n_k - n_q + right (-1: no limit that side);

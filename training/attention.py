@@ -21,7 +21,6 @@ except ImportError:
     BlockMask = flex_attention = None
 
 
-
 class Kernels:
     """GPT's `kernels`: the attention of a forward in FlashAttention's variable-length kernel (documents, windows by
     position) or FlexAttention's (windows in blocks), where one runs; None leaves it to model.py's SDPA under a mask.

@@ -12,7 +12,7 @@ from model import GPT, linear_cross_entropy
 from training.memory.tracer import MemoryTracer
 
 V = 257  # loss_inputs' vocabulary: fp32 rows of 1,028 bytes, three buffers of them a row of a chunk
-CHUNKS = {'one row': 3 * 4 * V, 'seven rows': 7 * 3 * 4 * V, 'one chunk': 2 ** 30}
+CHUNKS = {'one row': 3 * 8 * V, 'seven rows': 7 * 3 * 8 * V, 'one chunk': 2 ** 30}  # fp64's: 8 bytes a logit
 
 
 def naive(h, w, t, softcap=0.0, reduction='mean'):
@@ -44,7 +44,7 @@ def test_bf16_autocast_gives_the_tuned_losss_results():
     h, w, t = loss_inputs()
     with torch.autocast('cpu', dtype=torch.bfloat16):
         tuned = loss_and_grads(chunked_cross_entropy, h, w, t)
-        ours = loss_and_grads(lambda *a: linear_cross_entropy(*a, chunk_bytes=CHUNKS['seven rows']), h, w, t)
+        ours = loss_and_grads(lambda *a: linear_cross_entropy(*a, chunk_bytes=7 * 3 * 4 * V), h, w, t)
     assert [g.dtype for g in ours[1:]] == [torch.float32, torch.float32]
     for a, b in zip(tuned, ours):
         torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-3)
@@ -80,6 +80,16 @@ def test_no_tensor_near_n_by_v_in_forward_and_backward():
     with MemoryTracer(alignment=1, existing=(h, w, t)) as tracker:
         linear_cross_entropy(h, w, t, chunk_bytes=256 * 3 * 4 * 4096).backward()
     assert max(math.prod(shape) for shape, _, _ in tracker.allocations) < 4096 * 4096 // 2
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_a_chunk_holds_as_many_rows_as_three_buffers_of_its_dtype_fit(dtype):
+    """chunk_bytes of three buffers of 7 rows in the softmax's dtype (fp64's 8 bytes for fp64 inputs): chunks of 7
+    rows, no larger."""
+    h, w, t = loss_inputs(dtype=dtype)
+    with MemoryTracer(alignment=1, existing=(h, w, t)) as tracker:
+        linear_cross_entropy(h, w, t, chunk_bytes=7 * 3 * dtype.itemsize * V).backward()
+    assert max(shape[0] for shape, _, _ in tracker.allocations if len(shape) == 2 and shape[1] == V) == 7
 
 
 def test_a_gpt_on_its_own_loss_trains_as_on_the_tuned_one():

@@ -354,6 +354,14 @@ def test_attention_in_blocks_is_attention_under_the_dense_mask(monkeypatch, t, w
     torch.testing.assert_close(blocked, loss_and_gradients(model, x, y))
 
 
+def test_a_window_in_blocks_of_a_part_of_a_block_is_refused():
+    """A window of 6 in blocks of 4 would be one block (4 positions) in rows longer than 6 and causal (all) in shorter
+    ones: the same position seeing more or less by the row's length. train.py refuses it (training.rules); so does
+    model.py alone."""
+    with pytest.raises(AssertionError, match='attn_window=6 must be a multiple of attn_window_block=4'):
+        GPT(GPTConfig(**SHAPE, attn_window=6, attn_window_block=4))
+
+
 def test_a_position_sees_only_its_window_of_its_own_document():
     """One block: the loss at position i changes with the token at j exactly when j is one of the attn_window=4
     positions up to i and no doc_token starts a document in (j, i]."""

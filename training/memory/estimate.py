@@ -75,7 +75,7 @@ def build(config, device='cpu', device_type='cuda', mesh=None, **options):
     """train.py's model and optimizer (training.step.build) on `device`, sharded over `mesh` (see sharded_rank) as
     config's parallelism does; their stdout (print) goes nowhere. A pretrained model is built with its shape, not
     loaded: the memory is the same. The optimizer is the one train.py builds on `device_type` (fused on CUDA).
-    options: GPT's constructor keywords (the tracer's loss_fn, flash_kernel)."""
+    options: runs.gpt_options' keywords (the tracer's loss_fn, flash_kernel)."""
     with contextlib.redirect_stdout(io.StringIO()):
         with unset_fake_temporarily():  # a library's one-off setup on real tensors (torchao's 8-bit code maps)
             optimizers.warm_up(config['optim'])
@@ -123,7 +123,7 @@ def flex_attention_as_on_cuda(q, k, v, block_mask, kernel_options):
 
 def attention_kernels(config, device_type):
     """build's options for the attention kernels a run on device_type takes: on CUDA attn_window and doc_token run in
-    FlashAttention's kernel (GPT.varlen_kernel), windows in blocks in FlexAttention's (unless
+    FlashAttention's kernel (attention.Kernels), windows in blocks in FlexAttention's (unless
     attention_kernel='masked'), whose stand-ins attention_as_on_cuda gives a trace on the CPU."""
     on_cuda = device_type == 'cuda'
     return dict(flash_kernel=on_cuda, flex_kernel=on_cuda and config['attention_kernel'] != 'masked')

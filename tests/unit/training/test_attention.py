@@ -1,7 +1,7 @@
-"""training/attention.py's FlexAttention path: the BlockMask equals local_attention_mask's token rule, the model's flex forward
-and backward equal the masked attention's (through the CPU stand-in of the CUDA kernel, tests/flex_on_a_cpu.py), the
-attention kind chosen, the kernel options for a GPU's shared memory and the probe. The other kinds are
-test_model_options.py's."""
+"""training/attention.py's FlexAttention path: the BlockMask equals local_attention_mask's token rule, the model's flex
+forward and backward equal the masked attention's (through the CPU stand-in of the CUDA kernel, tests/flex_on_a_cpu.py),
+the attention kind chosen, the kernel options for a GPU's shared memory and the probe. The other kinds are
+tests/unit/test_model_options.py's."""
 import types
 
 import pytest
@@ -153,7 +153,8 @@ def test_flex_runs_windows_in_blocks_of_a_multiple_of_128_without_dropout(monkey
     assert kinds(SPEEDRUN_LIKE, x, monkeypatch, flex=True) == {'flex'}
     assert kinds(SPEEDRUN_LIKE, x, monkeypatch) == {'window'}  # on a CPU, unless asked (the estimator's trace, tests)
     assert kinds(SPEEDRUN_LIKE, x, monkeypatch, flex=False) == {'window'}
-    assert kinds({**SPEEDRUN_LIKE, 'attn_window_block': 64, 'attn_window': 256}, x, monkeypatch, flex=True) == {'window'}
+    in_blocks_of_64 = {**SPEEDRUN_LIKE, 'attn_window_block': 64, 'attn_window': 256}
+    assert kinds(in_blocks_of_64, x, monkeypatch, flex=True) == {'window'}
     assert kinds({**SPEEDRUN_LIKE, 'n_embd': 48, 'n_head': 2}, x, monkeypatch, flex=True) == {'window'}  # heads of 24
     assert kinds({**SPEEDRUN_LIKE, 'dropout': 0.1}, x, monkeypatch, training=True, flex=True) == {'window'}
     assert kinds({**SPEEDRUN_LIKE, 'dropout': 0.1}, x, monkeypatch, flex=True) == {'flex'}  # evaluation: no dropout
