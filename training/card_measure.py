@@ -84,7 +84,8 @@ def load_preset(path, tiny, vocab_size=None):
         vocab_size = vocab_size or (None if tiny else shape['vocab_size'])
     if tiny:
         record_depth = config['model_file'] == runs.RECORD_2026_FILE  # gpt2026.py's model: the record's 11 layers
-        scaled = {k: v for k, v in TINY.items() if k in config and not (k == 'n_layer' and record_depth)}
+        scaled = {k: v for k, v in TINY.items() if k in config and not (k == 'n_layer' and record_depth)
+                  and not (k == 'attn_window_warmup_start' and not config['attn_window_warmup_iters'])}
         overrides.update(scaled, dtype='bfloat16', device='cpu',
                          gradient_accumulation_steps=min(config['gradient_accumulation_steps'], 2),
                          attn_window=min(config['attn_window'], 16),

@@ -40,7 +40,17 @@ CHOICES = {'init_from': ('scratch', *LOAD_CHOICES),
 MODEL_PY_KEYS = ('bias', 'dropout', *(key for key in MODERN_DEFAULTS if key != 'doc_token'), 'attn_window_warmup_iters',
                  'activation_checkpointing', 'optim', 'optimizer_in_backward', 'weight_dtype', 'learning_rate',
                  'min_lr', 'decay_lr', 'lr_schedule', 'cooldown_frac', 'warmup_iters', 'lr_decay_iters', 'weight_decay',
-                 'beta1', 'beta2', 'muon_learning_rate', 'muon_momentum', 'muon_momentum_form', *optim.MUON_ONLY_KEYS)
+                 'beta1', 'beta2', 'muon_learning_rate', 'muon_momentum', 'muon_momentum_form', *optim.MUON_ONLY_KEYS,
+                 'attn_window_warmup_start')
+# keys that act only where another key turns them on: {key: (what turns it on, whether config does, the fix)}; one
+# set to other than train.py's default without it is refused rather than ignored (as optim.MUON_ONLY_KEYS are)
+MUON = ("optim='muon'", lambda config: config['optim'] == 'muon', '--optim=muon')
+TURNED_ON_BY = {**dict.fromkeys(('muon_learning_rate', 'muon_momentum', 'muon_momentum_form'), MUON),
+                'cooldown_frac': ("lr_schedule='wsd'", lambda config: config['lr_schedule'] == 'wsd',
+                                  '--lr_schedule=wsd'),
+                'attn_window_warmup_start': ('a window warmup', lambda config: config['attn_window_warmup_iters'] > 0,
+                                             '--attn_window_warmup_iters (e.g. max_iters)'),
+                'hellaswag_examples': ('hellaswag=True', lambda config: config['hellaswag'], '--hellaswag=True')}
 
 
 def check_config(config, world_size, device_type):
@@ -72,6 +82,10 @@ def check_config(config, world_size, device_type):
     check_choices(config, ('batch_order', 'muon_momentum_form', 'attention_kernel', 'model_file'))
     if config['model_file'] == runs.RECORD_2026_FILE:
         check_record_2026(config, world_size)
+    for key in inert_keys(config)[:1]:
+        what, _, fix = TURNED_ON_BY[key]
+        raise ConfigError(f"{key}={config[key]!r} acts only with {what}, which this config does not have: add {fix}, "
+                          f"or drop --{key}")
     check_attention_kernel(config, device_type)
     optim.check_config(config, world_size)  # before the split over processes: optimizer_in_backward's explains it
     check_schedule(config)
@@ -104,6 +118,13 @@ def check_config(config, world_size, device_type):
     if init_from == 'scratch' and config['n_embd'] % config['n_head'] != 0:
         raise ConfigError(f"n_embd={config['n_embd']} must be divisible by n_head={config['n_head']}")
     check_architecture(config)
+
+
+def inert_keys(config):
+    """The keys of TURNED_ON_BY that config sets to other than train.py's default, without what turns them on."""
+    defaults = train_defaults()
+    return [key for key, (_, turned_on, _) in TURNED_ON_BY.items() if config[key] != defaults[key]
+            and not turned_on(config)]
 
 
 def check_record_2026(config, world_size):

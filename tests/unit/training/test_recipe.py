@@ -28,15 +28,17 @@ def test_each_ablation_changes_only_its_component_back():
                    'rope_truncated'}  # the records', not tried on this one
     assert all(full[k] != v for k, v in MODERN_DEFAULTS.items()
                if k not in dropped | layout | record_only)  # every kept option is on
+    defaults = configurator.train_defaults()
     for component, change in recipe.ABLATIONS.items():
         keys = recipe.run_keys(recipe.RUNS[f'recipe-{component}'], CONFIG)
         differ = {k for k in full if keys[k] != full[k]}
-        if component == 'muon':  # and the keys only Muon reads go with it: AdamW at learning_rate throughout
-            assert differ == {'optim', *(k for k in MUON_ONLY_KEYS if full.get(k))}
-            assert all(keys[k] == 0 for k in MUON_ONLY_KEYS)
-        else:
-            assert differ == set(change)
+        # and the keys that only what it turned off reads go with it, at train.py's defaults: Muon's with Muon (AdamW
+        # at learning_rate throughout)
+        gone = differ - set(change)
+        assert gone <= {*rules.TURNED_ON_BY, *MUON_ONLY_KEYS} and all(keys[k] == defaults[k] for k in gone)
+        assert component != 'muon' or 'muon_momentum_warmup_iters' in gone
         assert all(keys[k] == MODERN_DEFAULTS.get(k, CONFIG.get(k)) for k in change)
+        assert not rules.inert_keys({**defaults, **keys})
 
 
 def test_first_step_reaching_a_loss():

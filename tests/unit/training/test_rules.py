@@ -42,6 +42,14 @@ def config(tmp_path):
     ({'attention_kernel': 'flex', 'attn_window': 256, 'attn_window_block': 128},
      "attention_kernel='flex' trains in FlexAttention's CUDA kernels: on device='cpu' use --attention_kernel=auto"),
     ({'hellaswag_examples': -1}, 'hellaswag_examples must be at least 1, or 0 for all; got -1'),
+    ({'hellaswag_examples': 5}, "hellaswag_examples=5 acts only with hellaswag=True, which this config does not have: "
+                                "add --hellaswag=True, or drop --hellaswag_examples"),
+    ({'muon_learning_rate': 0.1}, "muon_learning_rate=0.1 acts only with optim='muon'"),
+    ({'muon_momentum': 0.9}, "muon_momentum=0.9 acts only with optim='muon'"),
+    ({'muon_momentum_form': 'sum'}, "muon_momentum_form='sum' acts only with optim='muon'"),
+    ({'cooldown_frac': 0.5}, "cooldown_frac=0.5 acts only with lr_schedule='wsd'"),
+    ({'attn_window_warmup_start': 128}, 'attn_window_warmup_start=128 acts only with a window warmup, which this '
+                                        'config does not have: add --attn_window_warmup_iters (e.g. max_iters)'),
     ({'gpu_headroom_gb': -0.5}, 'gpu_headroom_gb=-0.5 must be 0 or more'),
     ({'loss_chunk_mib': 0}, 'loss_chunk_mib=0 must be positive'),
     ({'memory_cap_gb': -1.0}, 'memory_cap_gb=-1.0 must be 0 (no cap) or positive'),
@@ -246,6 +254,7 @@ def record(config):
     ({'max_iters': 1601}, "max_iters=1601 runs past the 1600 steps of the record's schedules"),
     ({'init_from': 'gpt2'}, "init_from='gpt2' loads GPT-2 weights"),
     ({'model_file': 'gpt2027.py'}, "unknown model_file 'gpt2027.py': use one of 'model.py', 'gpt2026.py'"),
+    ({'attn_window_warmup_start': 128}, "attn_window_warmup_start=128 is a key of model.py's model or training"),
 ])
 def test_a_record_run_refuses_what_its_model_and_training_cannot_take(record, overrides, message):
     with pytest.raises(ConfigError) as e:
