@@ -191,8 +191,11 @@ def run_config_file(path, config):
         near = difflib.get_close_matches(os.path.basename(path).removesuffix('.py'), stems, n=1)  # not by '.py'
         raise ConfigError(f'config file {path} not found: ' + (f'did you mean {os.path.join(folder, near[0])}.py?'
                           if near else 'give the path of a config file, e.g. config/train_shakespeare_char.py'))
-    with open(path, encoding='utf-8') as f:
-        source = f.read()
+    try:
+        with tokenize.open(path) as f:  # as Python reads a source file: UTF-8, or the coding its first lines declare
+            source = f.read()
+    except (UnicodeDecodeError, SyntaxError) as e:  # SyntaxError: a coding declared that Python does not know
+        raise ConfigError(f'config file {path} is not text Python can read ({e}): save it as UTF-8') from None
     print(source)
     namespace = dict(config, __file__=path)
     try:

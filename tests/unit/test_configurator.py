@@ -82,6 +82,16 @@ def test_missing_or_broken_config_file(tmp_path):
         load_config(KEYS, ['--batch_sizes'])  # a bare flag with a typo: the typo is the likelier mistake
 
 
+def test_a_config_file_is_read_as_python_reads_source(tmp_path):
+    """UTF-8, or the coding its first lines declare; bytes of neither are one line naming the file."""
+    (tmp_path / 'latin.py').write_bytes(b'# -*- coding: latin-1 -*-\nbatch_size = 3  # caf\xe9\n')
+    assert load_config(KEYS, [str(tmp_path / 'latin.py')])['batch_size'] == 3
+    (tmp_path / 'binary.py').write_bytes(b'batch_size = 3\n\xff\n')
+    with pytest.raises(ConfigError, match=r"^config file .*binary.py is not text Python can read \('utf-8' codec "
+                                          r"can't decode byte 0xff in position 15: .*\): save it as UTF-8$"):
+        load_config(KEYS, [str(tmp_path / 'binary.py')])
+
+
 def test_help_lists_keys_with_defaults_descriptions_and_values(capsys):
     with pytest.raises(SystemExit) as e:
         load_config(KEYS, ['--help'], choices={'dataset': ('openwebtext', 'shakespeare')})
