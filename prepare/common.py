@@ -129,7 +129,8 @@ def check_fits_uint16(vocab_size, what):
 
 
 def write_splits(out_dir, splits, meta=None):
-    """Write each split's ids to out_dir/<split>.bin as uint16, and `meta` to out_dir/meta.pkl: all or nothing."""
+    """Write each split's ids to out_dir/<split>.bin as uint16, and `meta` to out_dir/meta.pkl: all or nothing.
+    Without meta (a tiktoken encoding's ids), a meta.pkl already there goes (remove_meta)."""
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, f'{split}.bin') for split in splits]
     if meta is not None:
@@ -140,3 +141,14 @@ def write_splits(out_dir, splits, meta=None):
         if meta is not None:
             with open(tmps[-1], 'wb') as f:
                 pickle.dump(meta, f)
+    if meta is None:
+        remove_meta(out_dir)
+
+
+def remove_meta(out_dir):
+    """Remove out_dir/meta.pkl, where the train.bin/val.bin just written there are a tiktoken encoding's: train.py
+    would take its vocabulary (a character dataset's, prepared there before) for theirs."""
+    path = os.path.join(out_dir, 'meta.pkl')
+    if os.path.exists(path):
+        os.remove(path)
+        print(f"removed {path}, another dataset's vocabulary: train.bin/val.bin here are now tiktoken ids")

@@ -78,12 +78,19 @@ def expected_val_tokens(test_size, max_tokens):
     return round(test_size / (1 - test_size) * max_tokens)
 
 
-def check_val_size(val_tokens, test_size):
-    """Say, when val.bin has fewer than MIN_VAL_TOKENS tokens, what --test_size would give it about DEFAULT_VAL_TOKENS
-    (the held-out tokens grow with the fraction of documents held out), at most half."""
+def check_val_size(val_tokens, test_size, train_fixed=False):
+    """Say, when val.bin has fewer than MIN_VAL_TOKENS tokens, what --test_size would give it about DEFAULT_VAL_TOKENS,
+    at most half: the held-out tokens grow with the fraction of documents held out, or, where train.bin's tokens are
+    fixed (a stream that reached --max_tokens), with its odds, test_size / (1 - test_size)."""
     if val_tokens >= MIN_VAL_TOKENS:
         return
-    larger = min(0.5, math.ceil(test_size * DEFAULT_VAL_TOKENS / max(val_tokens, 1) * 1000) / 1000)
+    growth = DEFAULT_VAL_TOKENS / max(val_tokens, 1)
+    if train_fixed:
+        odds = test_size / (1 - test_size) * growth
+        needed = odds / (1 + odds)
+    else:
+        needed = test_size * growth
+    larger = min(0.5, math.ceil(needed * 1000) / 1000)
     print(f'warning: val.bin has only {val_tokens:,} tokens, fewer than the {MIN_VAL_TOKENS:,} of ten '
           f'1024-token windows, so its loss is noisy (train.py refuses a block_size of {val_tokens} or more); '
           f'for a larger val.bin run again with --test_size {larger:g}')
@@ -120,10 +127,21 @@ def load_splits(dataset, data_files=None, split='train', test_size=NANOGPT_TEST_
     return splits
 
 
+def document_texts(texts, text_column):
+    """The documents' texts of a column's values: None (a row without text, which some corpora have) is no document;
+    a value of another type means text_column names another column, a PrepareError."""
+    for text in texts:
+        if text is not None and not isinstance(text, str):
+            raise common.PrepareError(f'--text_column {text_column!r} holds {type(text).__name__} values, not text: '
+                                      f'pass the column of the documents with --text_column')
+    return [text for text in texts if text is not None]
+
+
 def encode_document(example, enc, text_column):
-    """One document's ids followed by end-of-text, which marks document boundaries in the token stream."""
-    ids = enc.encode_ordinary(example[text_column])
-    ids.append(enc.eot_token)
+    """One document's ids followed by end-of-text, which marks document boundaries in the token stream; none for a
+    row without text."""
+    texts = document_texts([example[text_column]], text_column)
+    ids = enc.encode_ordinary(texts[0]) + [enc.eot_token] if texts else []
     return {'ids': ids, 'len': len(ids)}
 
 
@@ -163,6 +181,7 @@ def prepare(splits, out_dir, enc, text_column='text', num_proc=1):
     with atomic_files(*paths) as tmps:
         counts = {split: write_tokens(tokenized[split], tmp, f'writing {split}.bin')
                   for split, tmp in zip(tokenized, tmps)}
+    common.remove_meta(out_dir)
     for split, count in counts.items():
         print(f'{split} has {count:,} tokens')
     return counts
@@ -188,7 +207,7 @@ def read_texts(stream, text_column, what):
         if text_column not in batch:
             raise common.PrepareError(f'--text_column {text_column!r} is not in the dataset; '
                                       f'its columns: {", ".join(batch)}')
-        yield batch[text_column]
+        yield document_texts(batch[text_column], text_column)
 
 
 class TokenWriter:
@@ -227,6 +246,7 @@ def prepare_stream(stream, out_dir, enc, max_tokens, text_column='text', test_si
         train, val = TokenWriter(train_file), TokenWriter(val_file)
         documents = (ids + [enc.eot_token] for texts in itertools.chain([first], batches)
                      for ids in enc.encode_ordinary_batch(texts, num_threads=num_proc))
+        index = -1  # the last document's: none yet
         with tqdm(total=max_tokens, unit='tok', unit_scale=True, desc='writing train.bin') as bar:
             for index, ids in enumerate(documents):
                 if is_val(index, test_size):
@@ -239,9 +259,13 @@ def prepare_stream(stream, out_dir, enc, max_tokens, text_column='text', test_si
                     break
         train.flush()
         val.flush()
+        if index < 0:
+            raise common.PrepareError(f'{what} has no documents with text; pass a dataset or --data_files that hold '
+                                      f'some')
         if train.count == 0:
             raise common.PrepareError(f'{what} has {index + 1} document(s), all held out for val; '
                                       f'pass more documents or a smaller --test_size')
+    common.remove_meta(out_dir)
     if train.count < max_tokens:
         print(f'{what} ended after {index + 1:,} documents, short of --max_tokens {max_tokens:,}')
     print(f'train has {train.count:,} tokens')
@@ -259,7 +283,8 @@ def main(argv=None):
     parser.add_argument('--data_files', nargs='+', metavar='PATH',
                         help='local files or globs for --dataset text/json/parquet/csv')
     parser.add_argument('--split', default='train', help="split to read, e.g. 'train[:1%%]' (default: %(default)s)")
-    parser.add_argument('--text_column', default='text', help='column holding the documents (default: %(default)s)')
+    parser.add_argument('--text_column', default='text',
+                        help='column holding the documents (default: %(default)s); rows without text are skipped')
     parser.add_argument('--test_size', type=float,
                         help=f'fraction of the documents that goes to val.bin (default: {NANOGPT_TEST_SIZE}, as '
                              f'nanoGPT; with a --max_tokens under {DEFAULT_VAL_TOKENS / NANOGPT_TEST_SIZE / 1e6:.0f}M, '
@@ -280,6 +305,10 @@ def main(argv=None):
         raise common.PrepareError(f'--num_proc {args.num_proc} must be at least 1')
     if args.max_tokens is not None:
         check_max_tokens(args.max_tokens)  # before the encoding and the stream, which may reach the network
+        if '[' in args.split:  # datasets' slices (train[:10%]) need the split's length, which a stream has not
+            raise common.PrepareError(f'--split {args.split!r} is a slice, which a stream cannot take: with '
+                                      f'--max_tokens pass the split whole (--split {args.split.split("[")[0]!r}); '
+                                      f'--max_tokens itself bounds what is read')
     common.check_writable_dir(args.out_dir)
     common.remove_stale_temporaries(args.out_dir)  # before the download or the stream: they may need that room
     enc = get_encoding(args.encoding)
@@ -299,7 +328,7 @@ def main(argv=None):
         splits = load_splits(args.dataset, args.data_files, args.split, test_size, args.num_proc, args.cache_dir,
                              args.name)
         counts = prepare(splits, args.out_dir, enc, args.text_column, args.num_proc)
-    check_val_size(counts['val'], test_size)
+    check_val_size(counts['val'], test_size, train_fixed=args.max_tokens == counts['train'])
 
 
 if __name__ == '__main__':  # the guard also keeps worker processes (spawned on Windows and macOS) from re-running it

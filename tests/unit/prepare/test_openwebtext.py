@@ -258,6 +258,49 @@ def test_a_small_val_split_is_said_with_the_test_size_that_fixes_it(tmp_path, mo
     assert status == 0 and len(read_bin(tmp_path / 'val.bin')) > 10 * val_tokens
 
 
+def test_a_streamed_val_split_is_said_with_the_test_size_that_fixes_it(tmp_path, monkeypatch, capsys):
+    """Where train.bin's tokens are fixed (--max_tokens reached), val grows with test_size's odds: the suggested
+    --test_size gives val.bin about DEFAULT_VAL_TOKENS (a fraction scaled as the in-memory split's would overshoot
+    some 1.5 times here)."""
+    path = write_corpus(tmp_path / 'docs.jsonl', make_documents(3000), 'json')
+    args = ['--dataset', 'json', '--data_files', path, '--max_tokens', '30_000', '--out_dir', tmp_path]
+    status, out, _ = run_openwebtext(monkeypatch, capsys, *args, '--test_size', '0.01')
+    [warning] = [line for line in out.splitlines() if line.startswith('warning: ')]
+    status, out, err = run_openwebtext(monkeypatch, capsys, *args, '--test_size', warning.split('--test_size ')[-1])
+    assert status == 0, err
+    assert len(read_bin(tmp_path / 'train.bin')) == 30_000
+    assert 0.8 < len(read_bin(tmp_path / 'val.bin')) / openwebtext.DEFAULT_VAL_TOKENS < 1.25
+
+
+@pytest.mark.parametrize('max_tokens', [[], ['--max_tokens', '1_000']], ids=['in memory', 'streamed'])
+def test_rows_without_text_are_no_documents_and_another_type_is_one_line(tmp_path, monkeypatch, capsys, max_tokens):
+    docs = make_documents(40)
+    rows = [{'text': None if i % 3 == 0 else doc} for i, doc in enumerate(docs)]
+    (tmp_path / 'rows.jsonl').write_text(''.join(json.dumps(row) + '\n' for row in rows), encoding='utf-8')
+    args = ['--dataset', 'json', '--data_files', tmp_path / 'rows.jsonl', *max_tokens, '--test_size', '0.25',
+            '--cache_dir', tmp_path / 'hf']
+    status, _, err = run_openwebtext(monkeypatch, capsys, *args, '--out_dir', tmp_path / 'out')
+    assert status == 0, err
+    tokens = np.concatenate([read_bin(tmp_path / 'out' / f'{split}.bin') for split in ('train', 'val')])
+    assert sorted(map(tuple, split_documents(tokens))) == sorted(
+        tuple(ids[:-1]) for ids in document_ids([doc for i, doc in enumerate(docs) if i % 3]))
+    (tmp_path / 'ints.jsonl').write_text(''.join(json.dumps({'text': i}) + '\n' for i in range(10)))
+    args[3] = tmp_path / 'ints.jsonl'
+    status, _, err = run_openwebtext(monkeypatch, capsys, *args, '--out_dir', tmp_path / 'ints')
+    assert status == 2 and err.splitlines()[-1] == ("error: --text_column 'text' holds int values, not text: pass the "
+                                                    "column of the documents with --text_column")  # after the bars
+    assert not (tmp_path / 'ints' / 'train.bin').exists()
+
+
+def test_a_sliced_split_with_max_tokens_is_one_line_before_any_read(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(openwebtext.datasets, 'load_dataset', lambda *args, **kwargs: pytest.fail('read'))
+    status, _, err = run_openwebtext(monkeypatch, capsys, '--split', 'train[:10%]', '--max_tokens', '1000',
+                                     '--out_dir', tmp_path / 'out')
+    assert status == 2 and err == ("error: --split 'train[:10%]' is a slice, which a stream cannot take: with "
+                                   "--max_tokens pass the split whole (--split 'train'); --max_tokens itself bounds "
+                                   "what is read\n")
+
+
 def test_temporaries_of_a_killed_run_are_removed_first(tmp_path, monkeypatch, capsys):
     (tmp_path / 'train.bin.tmp').write_bytes(bytes(3_000_000))  # as a SIGKILLed run leaves them
     (tmp_path / 'val.bin.tmp').write_bytes(bytes(10))

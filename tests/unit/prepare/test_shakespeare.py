@@ -64,6 +64,14 @@ def test_bpe_outputs_round_trip(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ['train.bin', 'val.bin']
 
 
+def test_bpe_outputs_over_a_character_dataset_remove_its_meta(tmp_path, capsys):
+    """The character set's meta.pkl beside BPE ids would give train.py the wrong vocabulary: it goes, said so."""
+    shakespeare_char.prepare(CORPUS, tmp_path)
+    shakespeare.prepare(CORPUS, tmp_path, tiny_encoding())
+    assert f"removed {tmp_path / 'meta.pkl'}, another dataset's vocabulary" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['train.bin', 'val.bin']
+
+
 def test_vocabulary_too_large_for_uint16_writes_nothing(tmp_path):
     with pytest.raises(common.PrepareError, match='uint16'):
         shakespeare.prepare(CORPUS, tmp_path, tiny_encoding(special_id=70000))
