@@ -39,7 +39,7 @@ grad_clip = 0.0  # the record clips nothing
 
 # every 200 steps, the last at step 1,600 with the final validation's longer window (the record: every 250 and at the
 # end): val loss on 200 * 4,096 held-out FineWeb tokens (about all of val.bin; the record: 10,485,760 of its own
-# validation shard), in micro-batches of 4 rows (8.30 GiB by the estimate); the checkpoint at each, after Adam's step
+# validation shard), in micro-batches of 4 rows (8.28 GiB by the estimate); the checkpoint at each, after Adam's step
 eval_interval = 200
 eval_iters = 200
 eval_batch_size = 4

@@ -91,8 +91,8 @@ def check_device(device, dtype):
     elif device_type != 'cpu':
         raise ConfigError(f"unsupported device {device!r}: use 'cpu', 'cuda', 'cuda:N' or 'mps'")
     if device_type == 'cpu' and dtype == 'float16':
-        raise ConfigError('dtype=float16 needs CUDA (its GradScaler is CUDA only): on cpu use --dtype=float32 '
-                          'or --dtype=bfloat16')
+        raise ConfigError('dtype=float16 runs on CUDA here (training needs its GradScaler, CUDA only): on cpu use '
+                          '--dtype=float32 or --dtype=bfloat16')
     return device_type
 
 

@@ -29,6 +29,10 @@ class DocumentRows:
         self.row_tokens = row_tokens
         # the documents a row can start at: those with row_tokens + 1 tokens from their start to the file's end
         self.first_docs = int(np.searchsorted(self.ends - self.lengths, self.total() - row_tokens - 1, side='right'))
+        if len(self.starts) == 0:
+            raise ConfigError(f"{path} holds no doc_token={doc_token}, at which its rows must start: prepare it with "
+                              f"a document separator (prepare/openwebtext.py ends each with <|endoftext|>, 50256), or "
+                              f"pass the --doc_token that separates its documents")
         if self.first_docs == 0:
             raise ConfigError(f"{path} holds {len(self.starts)} documents starting at doc_token={doc_token} with "
                               f"{self.total()} tokens in all (each cut to {max_doc_tokens}), fewer than a row's "

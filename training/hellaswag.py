@@ -97,8 +97,9 @@ def fit(ctx_tokens, ending_tokens, block_size):
         return ctx_tokens, ending_tokens
     room = block_size + 1 - max(len(tokens) for tokens in ending_tokens)
     if room < 1:
-        raise HellaSwagError(f"an ending of {block_size + 1 - room} tokens leaves no room for its context in the "
-                             f"model's block_size of {block_size}")
+        raise HellaSwagError(f"a HellaSwag ending of {block_size + 1 - room} tokens leaves no room for its context in "
+                             f"the model's block_size of {block_size}: HellaSwag scores models of a larger block_size "
+                             f"(train one with a larger --block_size, or --hellaswag=False)")
     return ctx_tokens[-room:], ending_tokens
 
 

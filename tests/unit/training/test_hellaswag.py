@@ -239,3 +239,10 @@ def test_the_failed_download_says_where_the_file_goes_unless_the_script_says_oth
                                      f"{tmp_path / 'hellaswag' / 'hellaswag_val.jsonl'}")
     assert '--data_path' not in str(error.value)
     assert hellaswag.DATA_URL == 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl'
+
+
+def test_an_ending_longer_than_the_block_is_one_line_naming_the_fix():
+    with pytest.raises(hellaswag.HellaSwagError, match=r"^a HellaSwag ending of 5 tokens leaves no room for its "
+                                                       r"context in the model's block_size of 4: .*--block_size"):
+        hellaswag.fit([1, 2], [[3] * 5, [3], [3], [3]], 4)
+    assert hellaswag.fit([1, 2, 3], [[4] * 3] * 4, 4) == ([2, 3], [[4] * 3] * 4)  # the context cut to fit
