@@ -11,7 +11,7 @@ from training.errors import ConfigError
 @pytest.mark.parametrize('device, dtype, match', [
     ('cpu', 'float8', "unknown dtype 'float8'"),
     ('tpu', 'float32', "device 'tpu'"),
-    ('cpu', 'float16', 'float16 needs CUDA'),
+    ('cpu', 'float16', 'float16 runs on CUDA here'),
 ])
 def test_check_device_errors(device, dtype, match):
     with pytest.raises(ConfigError, match=match):
