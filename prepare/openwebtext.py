@@ -319,6 +319,9 @@ def main(argv=None):
             print(f'holding out {test_size:g} of the documents for val.bin (about '
                   f'{expected_val_tokens(test_size, args.max_tokens):,} tokens), not nanoGPT\'s {NANOGPT_TEST_SIZE} '
                   f'(about {expected_val_tokens(NANOGPT_TEST_SIZE, args.max_tokens):,}): --test_size chooses')
+    if not args.data_files and not os.path.isdir(args.dataset):  # else a packaged reader of local files, or a folder
+        print(f'reading {describe(args.dataset, args.name, args.split)} from the Hugging Face Hub (without network '
+              f'access each request is retried for about half a minute, then this stops)', flush=True)
     if args.max_tokens is not None:
         stream = load_documents(args.dataset, args.name, args.split, data_files=args.data_files,
                                 cache_dir=args.cache_dir, streaming=True)

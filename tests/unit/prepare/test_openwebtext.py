@@ -225,9 +225,11 @@ def test_name_reaches_load_dataset(tmp_path, monkeypatch, capsys, max_tokens):
         calls.append((path, name, kwargs.get('streaming', False)))
         raise ValueError(f'BuilderConfig {name!r} not found')
     monkeypatch.setattr(openwebtext.datasets, 'load_dataset', load_dataset)
-    status, _, err = run_openwebtext(monkeypatch, capsys, '--dataset', 'HuggingFaceFW/fineweb-edu', '--name',
-                                     'sample-10BT', *max_tokens, '--out_dir', tmp_path / 'out')
+    status, out, err = run_openwebtext(monkeypatch, capsys, '--dataset', 'HuggingFaceFW/fineweb-edu', '--name',
+                                       'sample-10BT', *max_tokens, '--out_dir', tmp_path / 'out')
     assert calls == [('HuggingFaceFW/fineweb-edu', 'sample-10BT', bool(max_tokens))]
+    assert ("reading dataset 'HuggingFaceFW/fineweb-edu' config 'sample-10BT' split 'train' from the Hugging Face Hub "
+            "(without network access each request is retried for about half a minute, then this stops)") in out
     assert status == 2 and err.startswith("error: could not load dataset 'HuggingFaceFW/fineweb-edu' config "
                                           "'sample-10BT' split 'train' (BuilderConfig 'sample-10BT' not found)")
 
@@ -240,6 +242,7 @@ def test_a_small_budget_holds_out_a_usable_val_split(tmp_path, monkeypatch, caps
     assert status == 0, err
     assert "holding out 0.1 of the documents for val.bin (about 11,111 tokens), not nanoGPT's 0.0005 (about 50)" in out
     assert len(read_bin(tmp_path / 'out' / 'val.bin')) >= openwebtext.MIN_VAL_TOKENS and 'warning' not in out
+    assert 'Hugging Face Hub' not in out  # local files: no wait for a network to say
     assert openwebtext.default_test_size(10_000_000_000) == openwebtext.default_test_size(None) == 0.0005  # nanoGPT's
     assert openwebtext.default_test_size(30_000_000) == 0.001
 
