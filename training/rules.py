@@ -85,7 +85,7 @@ def check_config(config, world_size, device_type):
     for key in inert_keys(config)[:1]:
         what, _, fix = TURNED_ON_BY[key]
         raise ConfigError(f"{key}={config[key]!r} acts only with {what}, which this config does not have: add {fix}, "
-                          f"or drop --{key}")
+                          f"or --{key}={train_defaults()[key]} (its default)")
     check_attention_kernel(config, device_type)
     optim.check_config(config, world_size)  # before the split over processes: optimizer_in_backward's explains it
     check_schedule(config)

@@ -92,9 +92,10 @@ def test_window_warmup_trains_and_evaluates_with_the_window_of_the_iteration(tmp
     """Iterations 0 and 1 of a warmup from 2 over 100 iterations have a window of 2: their training losses and the
     evaluation at 0 are those of attn_window=2 throughout, not of the attn_window=8 the window grows to."""
     args = [*MODERN_ARCH_ARGS, '--zero_init_proj=False', '--max_iters=1', '--eval_interval=1']  # attention from 0
+    no_warmup = ['--attn_window_warmup_iters=0', '--attn_window_warmup_start=64']  # both: train.py's defaults
     runs = {name: train(data_dir, tmp_path / name, *args, *extra) for name, extra in [
-        ('warmup', ['--attn_window_warmup_iters=100']), ('narrow', ['--attn_window=2', '--attn_window_warmup_iters=0']),
-        ('wide', ['--attn_window_warmup_iters=0'])]}
+        ('warmup', ['--attn_window_warmup_iters=100']), ('narrow', ['--attn_window=2', *no_warmup]),
+        ('wide', no_warmup)]}
     for result in runs.values():
         assert result.returncode == 0, result.stderr
     train_losses = {name: logged_losses(result.stdout) for name, result in runs.items()}

@@ -43,7 +43,7 @@ def config(tmp_path):
      "attention_kernel='flex' trains in FlexAttention's CUDA kernels: on device='cpu' use --attention_kernel=auto"),
     ({'hellaswag_examples': -1}, 'hellaswag_examples must be at least 1, or 0 for all; got -1'),
     ({'hellaswag_examples': 5}, "hellaswag_examples=5 acts only with hellaswag=True, which this config does not have: "
-                                "add --hellaswag=True, or drop --hellaswag_examples"),
+                                "add --hellaswag=True, or --hellaswag_examples=0 (its default)"),
     ({'muon_learning_rate': 0.1}, "muon_learning_rate=0.1 acts only with optim='muon'"),
     ({'muon_momentum': 0.9}, "muon_momentum=0.9 acts only with optim='muon'"),
     ({'muon_momentum_form': 'sum'}, "muon_momentum_form='sum' acts only with optim='muon'"),
