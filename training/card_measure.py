@@ -84,8 +84,7 @@ def load_preset(path, tiny, vocab_size=None):
         vocab_size = vocab_size or (None if tiny else shape['vocab_size'])
     if tiny:
         record_depth = config['model_file'] == runs.RECORD_2026_FILE  # gpt2026.py's model: the record's 11 layers
-        scaled = {k: v for k, v in TINY.items() if k in config and not (k == 'n_layer' and record_depth)
-                  and not (k == 'attn_window_warmup_start' and not config['attn_window_warmup_iters'])}
+        scaled = {k: v for k, v in TINY.items() if k in config and not (k == 'n_layer' and record_depth)}
         overrides.update(scaled, dtype='bfloat16', device='cpu',
                          gradient_accumulation_steps=min(config['gradient_accumulation_steps'], 2),
                          attn_window=min(config['attn_window'], 16),
@@ -93,6 +92,8 @@ def load_preset(path, tiny, vocab_size=None):
                          doc_token=min(config['doc_token'], (vocab_size or TINY['vocab_size']) - 1))
         tiny_depth = at_depth({**config, **overrides}) # a record's value tables and attention-less block, in 2 blocks
         overrides.update(value_embeds=tiny_depth['value_embeds'], no_attn_layer=tiny_depth['no_attn_layer'])
+    overrides.update(rules.inert_defaults({**config, **overrides}))  # hellaswag_examples with hellaswag off, TINY's
+                                                                      # warmup start without a warmup
     config.update(overrides)
     with contextlib.redirect_stdout(io.StringIO()):
         model_args, _ = rules.model_args(config, vocab_size or (TINY['vocab_size'] if tiny else None))

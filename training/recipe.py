@@ -2,10 +2,9 @@
 the speedrun presets port (docs/record.md) and its record of 24 Nov 2024 that they ported before; nanoGPT's
 baseline, the CPU-tuned recipe's ablations, and the measure bench_optim.py compares them by: the step at which a run
 first reaches a loss."""
-from training.configurator import train_defaults
 from training.errors import ConfigError
 from training.optim import MUON_ONLY_KEYS
-from training.rules import MODERN_DEFAULTS, inert_keys
+from training.rules import MODERN_DEFAULTS, inert_defaults
 
 # nanoGPT's run: GPT-2's architecture (model.py's defaults), AdamW at learning_rate, cosine schedule
 BASELINE = {'optim': 'adamw', 'lr_schedule': 'cosine'}
@@ -83,8 +82,7 @@ def run_keys(run, config):
         keys = at_depth(keys)
     if keys['optim'] != 'muon':
         keys.update(dict.fromkeys(MUON_ONLY_KEYS, 0))
-    defaults = train_defaults()  # and the other keys an ablation turned off (Muon's rate, wsd's cooldown): defaults
-    keys.update({key: defaults[key] for key in inert_keys({**defaults, **keys})})
+    keys.update(inert_defaults(keys))  # and the other keys an ablation turned off (Muon's rate, wsd's cooldown)
     if keys.pop('documents', False):
         keys['doc_token'] = config['eot_token']
     window_warmup = keys.pop('window_warmup', 0)

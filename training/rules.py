@@ -127,6 +127,13 @@ def inert_keys(config):
             and not turned_on(config)]
 
 
+def inert_defaults(config):
+    """train.py's defaults of the keys that config (train.py's keys, or some of them) leaves inert: what a tool that
+    turns a preset's lever off (hellaswag, optim='muon', a window warmup) sets with it."""
+    defaults = train_defaults()
+    return {key: defaults[key] for key in inert_keys({**defaults, **config})}
+
+
 def check_record_2026(config, world_size):
     """ConfigError for a model_file='gpt2026.py' run that the record's model and training cannot take: under
     torchrun parallelism 'ddp' or 'zero1' (its optimizer whole on each process, or each its share; no fsdp) and no

@@ -15,7 +15,7 @@ import flash_varlen_on_a_cpu
 import model as model_lib
 import training.optimizers
 from helpers import PATCHES
-from training import card, card_checks, card_train
+from training import card, card_checks, card_train, rules
 from training.card_measure import SPEEDRUN, load_preset
 from training.card_report import STALE
 from training.errors import ConfigError
@@ -456,3 +456,17 @@ def test_a_check_hung_in_compilation_is_stopped_at_its_limit_with_its_phase(monk
     row = card.measured(job, (20, 'card_preset_seconds'), printed.append)
     assert row['stopped'] == 'stopped after 20 s (card_preset_seconds) while compiled against eager'
     assert row['phase'] == 'compiled against eager' and 'check: compiled against eager' in printed
+
+
+def test_a_preset_s_lever_the_card_turns_off_takes_its_dependent_keys_with_it(tmp_path):
+    """The card runs a preset without HellaSwag (synthetic tokens); a preset that scores some examples would leave
+    hellaswag_examples inert, which train.py refuses: the card's overrides set it back to its default too. And its
+    tiny warmup start applies only where the preset warms its window up."""
+    preset = tmp_path / 'scored_12gb.py'
+    preset.write_text("hellaswag = True\nhellaswag_examples = 500\n")
+    config, overrides, _ = load_preset(str(preset), tiny=True)
+    assert overrides['hellaswag'] is False and overrides['hellaswag_examples'] == config['hellaswag_examples'] == 0
+    assert config['attn_window_warmup_start'] == 64  # train.py's: no warmup here
+    rules.check_config(config, 1, 'cpu')
+    warmed, _, _ = load_preset(SPEEDRUN_PATH, tiny=True)
+    assert warmed['attn_window_warmup_start'] == 16  # TINY's, where the speedrun preset warms its window up
