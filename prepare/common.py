@@ -1,6 +1,7 @@
 """Shared by the prepare/ scripts: command-line options, the input text, the train/val split and all-or-nothing
 writing of nanoGPT's train.bin/val.bin (uint16 token ids) and meta.pkl. Downloads, atomic writes and tiktoken
 encodings are the library's (training/data.py), which the scripts use too."""
+import contextlib
 import os
 import pickle
 import signal
@@ -128,14 +129,27 @@ def check_fits_uint16(vocab_size, what):
                            f'(at most {UINT16_IDS:,}); use a smaller vocabulary')
 
 
+@contextlib.contextmanager
+def output_files(out_dir, *names):
+    """atomic_files of out_dir/<name> for each of `names`, out_dir made where missing and removed again where the block
+    fails: a prepare that fails leaves no trace, not even an empty folder."""
+    created = not os.path.isdir(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    try:
+        with atomic_files(*(os.path.join(out_dir, name) for name in names)) as tmps:
+            yield tmps
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):  # empty: atomic_files removed its temporaries
+                os.rmdir(out_dir)
+        raise
+
+
 def write_splits(out_dir, splits, meta=None):
     """Write each split's ids to out_dir/<split>.bin as uint16, and `meta` to out_dir/meta.pkl: all or nothing.
     Without meta (a tiktoken encoding's ids), a meta.pkl already there goes (remove_meta)."""
-    os.makedirs(out_dir, exist_ok=True)
-    paths = [os.path.join(out_dir, f'{split}.bin') for split in splits]
-    if meta is not None:
-        paths.append(os.path.join(out_dir, 'meta.pkl'))
-    with atomic_files(*paths) as tmps:
+    names = [f'{split}.bin' for split in splits] + (['meta.pkl'] if meta is not None else [])
+    with output_files(out_dir, *names) as tmps:
         for ids, tmp in zip(splits.values(), tmps):
             np.array(ids, dtype=np.uint16).tofile(tmp)
         if meta is not None:

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # runnable from any directory
 from prepare import common
-from training.data import atomic_files, get_encoding
+from training.data import get_encoding
 
 # nanoGPT loads 'openwebtext', a script dataset, which datasets>=4 refuses to run; this is the same corpus as parquet
 DEFAULT_DATASET = 'Skylion007/openwebtext'
@@ -176,9 +176,7 @@ def prepare(splits, out_dir, enc, text_column='text', num_proc=1):
                                   f'its columns: {", ".join(columns)}')
     tokenized = splits.map(encode_document, fn_kwargs={'enc': enc, 'text_column': text_column},
                            remove_columns=columns, desc='tokenizing the splits', num_proc=num_proc)
-    os.makedirs(out_dir, exist_ok=True)
-    paths = [os.path.join(out_dir, f'{split}.bin') for split in tokenized]
-    with atomic_files(*paths) as tmps:
+    with common.output_files(out_dir, *(f'{split}.bin' for split in tokenized)) as tmps:
         counts = {split: write_tokens(tokenized[split], tmp, f'writing {split}.bin')
                   for split, tmp in zip(tokenized, tmps)}
     common.remove_meta(out_dir)
@@ -240,9 +238,8 @@ def prepare_stream(stream, out_dir, enc, max_tokens, text_column='text', test_si
     first = next(batches, None)  # a missing column or an empty corpus fails here, before anything is written
     if first is None:
         raise common.PrepareError(f'{what} has no documents; pass a dataset or --data_files that hold some')
-    os.makedirs(out_dir, exist_ok=True)
-    paths = [os.path.join(out_dir, f'{split}.bin') for split in ('train', 'val')]
-    with atomic_files(*paths) as tmps, open(tmps[0], 'wb') as train_file, open(tmps[1], 'wb') as val_file:
+    with common.output_files(out_dir, 'train.bin', 'val.bin') as tmps, open(tmps[0], 'wb') as train_file, \
+            open(tmps[1], 'wb') as val_file:
         train, val = TokenWriter(train_file), TokenWriter(val_file)
         documents = (ids + [enc.eot_token] for texts in itertools.chain([first], batches)
                      for ids in enc.encode_ordinary_batch(texts, num_threads=num_proc))

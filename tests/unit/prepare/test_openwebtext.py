@@ -215,6 +215,10 @@ def test_streaming_failure_keeps_previous_outputs(tmp_path, monkeypatch, capsys)
                                    10 ** 6, test_size=0.1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ['one.jsonl', 'train.bin', 'val.bin']
     assert all((tmp_path / name).read_bytes() == b'old' for name in ('train.bin', 'val.bin'))
+    with pytest.raises(common.PrepareError, match='connection reset by peer'):  # into a folder it makes: none left
+        openwebtext.prepare_stream(datasets.IterableDataset.from_generator(broken_stream), tmp_path / 'new' / 'owt',
+                                   tiny_encoding(), 10 ** 6, test_size=0.1)
+    assert not (tmp_path / 'new' / 'owt').exists()
 
 
 @pytest.mark.parametrize('max_tokens', [[], ['--max_tokens', '1_000']])
