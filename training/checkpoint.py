@@ -63,9 +63,14 @@ def remove_stale_temporaries(out_dir):
 def save_checkpoint(checkpoint, out_dir, keep_previous=False):
     """Write out_dir/ckpt.pt through a temporary file in out_dir and os.replace: a crash or kill at any moment
     leaves either the previous ckpt.pt or the new one, never a partial file. keep_previous: the ckpt.pt there now
-    (another run's) stays, as ckpt.prev.pt (keep_aside)."""
+    (another run's) stays, as ckpt.prev.pt (keep_aside), and an older ckpt.prev.pt goes before the new file is
+    written: out_dir never holds three checkpoints."""
     os.makedirs(out_dir, exist_ok=True)
     remove_stale_temporaries(out_dir)
+    previous = os.path.join(out_dir, PREVIOUS_NAME)
+    if keep_previous:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(previous)
     tmp = os.path.join(out_dir, f'{TMP_PREFIX}{os.getpid()}{TMP_SUFFIX}')  # same filesystem, so os.replace is a rename
     try:
         with open(tmp, 'wb') as f:
@@ -78,6 +83,8 @@ def save_checkpoint(checkpoint, out_dir, keep_previous=False):
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+        if keep_previous and not os.path.exists(checkpoint_path(out_dir)) and os.path.exists(previous):
+            os.replace(previous, checkpoint_path(out_dir))  # keep_aside renamed it (no hard links): back it goes
         if isinstance(e, (OSError, RuntimeError)):  # a full disk: ENOSPC, or torch's "unexpected pos" from its writer
             kept = 'the previous ckpt.pt is intact' if os.path.exists(checkpoint_path(out_dir)) else 'nothing saved'
             raise CheckpointError(f'could not write {checkpoint_path(out_dir)} ({first_line(e)}): {kept}; free disk '
@@ -87,12 +94,10 @@ def save_checkpoint(checkpoint, out_dir, keep_previous=False):
 
 
 def keep_aside(out_dir):
-    """out_dir/ckpt.pt, if any, also as ckpt.prev.pt (replacing an older one): a hard link, no copy, ckpt.pt itself
-    in place until the new one replaces it; where the filesystem has no hard links, renamed (for the instant until
-    the new one is renamed in, out_dir holds ckpt.prev.pt alone)."""
+    """out_dir/ckpt.pt, if any, also as ckpt.prev.pt (none there): a hard link, no copy, ckpt.pt itself in place until
+    the new one replaces it; where the filesystem has no hard links, renamed (until the new one is renamed in,
+    out_dir holds ckpt.prev.pt alone, and save_checkpoint renames it back if that fails)."""
     current, previous = checkpoint_path(out_dir), os.path.join(out_dir, PREVIOUS_NAME)
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(previous)
     try:
         os.link(current, previous)
     except FileNotFoundError:  # nothing to keep

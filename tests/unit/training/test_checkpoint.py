@@ -86,6 +86,29 @@ def test_keep_previous_keeps_the_replaced_checkpoint_as_ckpt_prev(tmp_path, monk
     assert sorted(os.listdir(tmp_path)) == ['ckpt.prev.pt', 'ckpt.pt']
 
 
+def test_keep_previous_never_holds_three_checkpoints_and_a_failed_save_keeps_ckpt_pt(tmp_path, monkeypatch):
+    """The older ckpt.prev.pt goes before the new file is written (two checkpoints on disk at most, as before); a
+    save that fails after keep_aside renamed ckpt.pt (no hard links) puts it back, so a resume still finds it."""
+    (tmp_path / 'ckpt.prev.pt').write_bytes(b'older')
+    save_checkpoint({'model': {'w': torch.ones(3)}, 'model_args': {}, 'iter_num': 30}, str(tmp_path))
+    other_run = (tmp_path / 'ckpt.pt').read_bytes()
+    on_disk = []
+    save = ckpt.torch.save
+    monkeypatch.setattr(ckpt.torch, 'save', lambda obj, f: on_disk.append(sorted(os.listdir(tmp_path))) or save(obj, f))
+    monkeypatch.setattr(ckpt.os, 'link', lambda source, target: (_ for _ in ()).throw(OSError(1, 'not permitted')))
+    replace = os.replace
+
+    def interrupted_rename(source, target):  # keep_aside's rename goes through; the new file's is interrupted
+        if source.endswith('.tmp'):
+            raise KeyboardInterrupt
+        replace(source, target)
+    monkeypatch.setattr(ckpt.os, 'replace', interrupted_rename)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint({'model': {'w': torch.zeros(3)}, 'model_args': {}}, str(tmp_path), keep_previous=True)
+    assert on_disk == [[f'.ckpt.pt.{os.getpid()}.tmp', 'ckpt.pt']]  # the older ckpt.prev.pt went before the write
+    assert os.listdir(tmp_path) == ['ckpt.pt'] and (tmp_path / 'ckpt.pt').read_bytes() == other_run
+
+
 def test_keep_previous_in_an_empty_out_dir_keeps_nothing(tmp_path):
     save_checkpoint({'model': {}, 'model_args': {}}, str(tmp_path), keep_previous=True)
     assert os.listdir(tmp_path) == ['ckpt.pt']
