@@ -628,9 +628,9 @@ def linear_cross_entropy(hidden, weight, targets, *, ignore_index=-1, reduction=
                          chunk_bytes=2 ** 30):
     """F.cross_entropy of the logits hidden @ weight.T (capped to softcap * tanh(logits / softcap) with softcap > 0)
     against targets, ignoring ignore_index, holding at most chunk_bytes of logits at once (three fp32 buffers of
-    vocab_size a row, fp64 for fp64 inputs). hidden (N, d), weight (V, d), targets (N,). reduction 'mean': the mean over the targets not
-    ignored (0 if all are), its gradients computed with it, chunk by chunk, as the logits of each chunk are at hand;
-    'none' (no gradients): the (N,) losses, 0 on ignored rows."""
+    vocab_size a row, fp64 for fp64 inputs). hidden (N, d), weight (V, d), targets (N,). reduction 'mean': the mean
+    over the targets not ignored (0 if all are), its gradients computed with it, chunk by chunk, as the logits of each
+    chunk are at hand; 'none' (no gradients): the (N,) losses, 0 on ignored rows."""
     if reduction not in ('mean', 'none'):
         raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
@@ -678,22 +678,33 @@ def loss_in_chunks(hidden, weight, targets, ignore_index, softcap, chunk_bytes, 
     losses = torch.empty(targets.shape, dtype=wide, device=hidden.device)
     grad_hidden = torch.empty(hidden.shape, dtype=wide, device=hidden.device) if need_grad else None
     grad_weight = torch.zeros(weight.shape, dtype=wide, device=weight.device) if need_grad else None
-    for start in range(0, hidden.size(0), rows):
+    for start in range(0, hidden.size(0), rows): # each chunk's buffers die with its call
         chunk = slice(start, start + rows)
-        h = hidden[chunk].to(dtype)
-        logits = torch.mm(h, w.t()).to(wide)
-        if softcap:
-            tanh = torch.tanh(logits / softcap)
-            logits = softcap * tanh
-        log_sum_exp = logits.logsumexp(1, keepdim=True)
-        losses[chunk] = (log_sum_exp - logits.gather(1, safe_targets[chunk])).squeeze(1) * valid[chunk]
-        if need_grad:
-            grad = logits.sub_(log_sum_exp).exp_() # softmax, in the logits' buffer
-            grad.scatter_add_(1, safe_targets[chunk], grad.new_full(safe_targets[chunk].shape, -1.0))
-            grad.mul_(valid[chunk, None] / count)
-            if softcap:
-                grad.mul_(1 - tanh.square())
-            grad = grad.to(dtype)
-            grad_hidden[chunk] = torch.mm(grad, w)
-            grad_weight += torch.mm(grad.t(), h)
+        factors = valid[chunk, None] / count
+        losses[chunk] = chunk_loss(hidden[chunk].to(dtype), w, safe_targets[chunk], factors, softcap, wide,
+                                   None if grad_hidden is None else grad_hidden[chunk], grad_weight)
     return losses, count, grad_hidden, grad_weight
+
+def chunk_loss(h, w, targets, factors, softcap, wide, grad_hidden=None, grad_weight=None):
+    """The losses of a chunk of rows h (rows, d) against targets (rows, 1), 0 where factors (rows, 1: 1 / count, or 0
+    on ignored rows) are; with grad_hidden, its rows of the mean's gradient written there and its part of the
+    weight's added to grad_weight. The logits in `wide`, in place: one buffer, two with the cap (its tanh kept)."""
+    logits = torch.mm(h, w.t()).to(wide)
+    if softcap: # the tanh in the logits' buffer, kept for the gradient; the capped logits in a second one
+        tanh = logits.div_(softcap).tanh_()
+        logits = tanh * softcap
+    target_logits = logits.gather(1, targets)
+    row_max = logits.amax(1, keepdim=True)
+    exp = logits.sub_(row_max).exp_() # in place: no temporary of the chunk's size
+    sum_exp = exp.sum(1, keepdim=True)
+    losses = (sum_exp.log() + row_max - target_logits).squeeze(1) * (factors.squeeze(1) != 0)
+    if grad_hidden is not None:
+        grad = exp.div_(sum_exp) # the softmax
+        grad.scatter_add_(1, targets, grad.new_full(targets.shape, -1.0))
+        grad.mul_(factors)
+        if softcap: # d capped / d logits = 1 - tanh**2
+            grad.mul_(tanh.square_().neg_().add_(1))
+        grad = grad.to(h.dtype)
+        grad_hidden.copy_(torch.mm(grad, w))
+        grad_weight += torch.mm(grad.t(), h)
+    return losses

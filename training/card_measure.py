@@ -92,8 +92,11 @@ def load_preset(path, tiny, vocab_size=None):
                          doc_token=min(config['doc_token'], (vocab_size or TINY['vocab_size']) - 1))
         tiny_depth = at_depth({**config, **overrides}) # a record's value tables and attention-less block, in 2 blocks
         overrides.update(value_embeds=tiny_depth['value_embeds'], no_attn_layer=tiny_depth['no_attn_layer'])
-    overrides.update(rules.inert_defaults({**config, **overrides}))  # hellaswag_examples with hellaswag off, TINY's
-                                                                      # warmup start without a warmup
+    # the keys the card's own overrides leave inert (hellaswag_examples with hellaswag off, TINY's warmup start
+    # without a warmup) at their defaults; a preset's own inert keys stay, for train.py to refuse as it would
+    preset_inert = rules.inert_keys(config)
+    overrides.update({key: default for key, default in rules.inert_defaults({**config, **overrides}).items()
+                      if key not in preset_inert})
     config.update(overrides)
     with contextlib.redirect_stdout(io.StringIO()):
         model_args, _ = rules.model_args(config, vocab_size or (TINY['vocab_size'] if tiny else None))

@@ -57,11 +57,6 @@ def check_config(config, world_size):
     require(config['optim'])
     if config['optim'] == 'muon':
         check_muon(config, world_size)
-    else:
-        for key in MUON_ONLY_KEYS:
-            if config.get(key, 0) != 0:
-                raise ConfigError(f"{key}={config[key]} sets a parameter group of optim='muon', not of "
-                                  f"optim={config['optim']!r}: add --optim=muon, or drop --{key}")
     check_weight_dtype(config, world_size)
     if config['optimizer_in_backward']:
         check_in_backward(config, world_size)

@@ -3,7 +3,6 @@ the speedrun presets port (docs/record.md) and its record of 24 Nov 2024 that th
 baseline, the CPU-tuned recipe's ablations, and the measure bench_optim.py compares them by: the step at which a run
 first reaches a loss."""
 from training.errors import ConfigError
-from training.optim import MUON_ONLY_KEYS
 from training.rules import MODERN_DEFAULTS, inert_defaults
 
 # nanoGPT's run: GPT-2's architecture (model.py's defaults), AdamW at learning_rate, cosine schedule
@@ -72,17 +71,16 @@ def at_depth(keys):
 
 
 def run_keys(run, config):
-    """train.py's keys of `run` (a dict of keys that differ from config's): config's, with GPT-2's architecture where
-    neither sets a modern key; a run drops the keys that only what it turned off reads (Muon's on AdamW). A run of LAYOUTS attends within the
-    documents that config's eot_token separates, and its 'pack' multiplies block_size and divides batch_size by it,
-    with attn_window the config's block_size; 'window_warmup' makes that window grow from block_size // 16 over
-    max_iters to its multiple of block_size. A record's layers scale with n_layer (at_depth)."""
+    """train.py's keys of `run` (a dict of keys that differ from config's): config's, with GPT-2's architecture
+    where neither sets a modern key; a run drops the keys that only what it turned off reads (Muon's on AdamW). A
+    run of LAYOUTS attends within the documents that config's eot_token separates, and its 'pack' multiplies
+    block_size and divides batch_size by it, with attn_window the config's block_size; 'window_warmup' makes that
+    window grow from block_size // 16 over max_iters to its multiple of block_size. A record's layers scale with
+    n_layer (at_depth)."""
     keys = {**MODERN_DEFAULTS, **config, **run}
     if any(run is RECIPES[name] for name in RECORDS):
         keys = at_depth(keys)
-    if keys['optim'] != 'muon':
-        keys.update(dict.fromkeys(MUON_ONLY_KEYS, 0))
-    keys.update(inert_defaults(keys))  # and the other keys an ablation turned off (Muon's rate, wsd's cooldown)
+    keys.update(inert_defaults(keys))  # the keys of what an ablation turned off (Muon's, wsd's cooldown)
     if keys.pop('documents', False):
         keys['doc_token'] = config['eot_token']
     window_warmup = keys.pop('window_warmup', 0)

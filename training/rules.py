@@ -43,13 +43,15 @@ MODEL_PY_KEYS = ('bias', 'dropout', *(key for key in MODERN_DEFAULTS if key != '
                  'beta1', 'beta2', 'muon_learning_rate', 'muon_momentum', 'muon_momentum_form', *optim.MUON_ONLY_KEYS,
                  'attn_window_warmup_start')
 # keys that act only where another key turns them on: {key: (what turns it on, whether config does, the fix)}; one
-# set to other than train.py's default without it is refused rather than ignored (as optim.MUON_ONLY_KEYS are)
+# set to other than train.py's default without it is refused rather than ignored
 MUON = ("optim='muon'", lambda config: config['optim'] == 'muon', '--optim=muon')
-TURNED_ON_BY = {**dict.fromkeys(('muon_learning_rate', 'muon_momentum', 'muon_momentum_form'), MUON),
+WINDOW_WARMUP = ('a window warmup', lambda config: config['attn_window_warmup_iters'] > 0,
+                 '--attn_window_warmup_iters (e.g. max_iters)')
+TURNED_ON_BY = {**dict.fromkeys(('muon_learning_rate', 'muon_momentum', 'muon_momentum_form', *optim.MUON_ONLY_KEYS),
+                                MUON),
                 'cooldown_frac': ("lr_schedule='wsd'", lambda config: config['lr_schedule'] == 'wsd',
                                   '--lr_schedule=wsd'),
-                'attn_window_warmup_start': ('a window warmup', lambda config: config['attn_window_warmup_iters'] > 0,
-                                             '--attn_window_warmup_iters (e.g. max_iters)'),
+                **dict.fromkeys(('attn_window_warmup_start', 'attn_window_warmup_end'), WINDOW_WARMUP),
                 'hellaswag_examples': ('hellaswag=True', lambda config: config['hellaswag'], '--hellaswag=True')}
 
 
@@ -82,10 +84,7 @@ def check_config(config, world_size, device_type):
     check_choices(config, ('batch_order', 'muon_momentum_form', 'attention_kernel', 'model_file'))
     if config['model_file'] == runs.RECORD_2026_FILE:
         check_record_2026(config, world_size)
-    for key in inert_keys(config)[:1]:
-        what, _, fix = TURNED_ON_BY[key]
-        raise ConfigError(f"{key}={config[key]!r} acts only with {what}, which this config does not have: add {fix}, "
-                          f"or --{key}={train_defaults()[key]} (its default)")
+    check_turned_on(config)
     check_attention_kernel(config, device_type)
     optim.check_config(config, world_size)  # before the split over processes: optimizer_in_backward's explains it
     check_schedule(config)
@@ -118,6 +117,22 @@ def check_config(config, world_size, device_type):
     if init_from == 'scratch' and config['n_embd'] % config['n_head'] != 0:
         raise ConfigError(f"n_embd={config['n_embd']} must be divisible by n_head={config['n_head']}")
     check_architecture(config)
+
+
+def check_turned_on(config):
+    """ConfigError naming at once every key that config sets without what turns it on (the first such lever's): a
+    preset's lever turned off from the command line leaves its keys set, which the fix sets back to their defaults."""
+    inert = inert_keys(config)
+    if not inert:
+        return
+    what, _, fix = TURNED_ON_BY[inert[0]]
+    keys = [key for key in inert if TURNED_ON_BY[key][0] == what]
+    defaults = train_defaults()
+    one = len(keys) == 1
+    raise ConfigError(f"{', '.join(f'{key}={config[key]!r}' for key in keys)} {'acts' if one else 'act'} only with "
+                      f"{what}, which this config does not have: add {fix}, or "
+                      f"{' '.join(f'--{key}={defaults[key]}' for key in keys)} "
+                      f"({'its default' if one else 'defaults'})")
 
 
 def inert_keys(config):
@@ -214,10 +229,6 @@ def check_window_warmup(config):
         raise ConfigError(f"attn_window_warmup_start={start} must be from 1 to attn_window={window}: the window's "
                           f"first size and its step, e.g. --attn_window_warmup_start={max(1, window // 16)}")
     end = config['attn_window_warmup_end']
-    if end and not iters:
-        raise ConfigError(f"attn_window_warmup_end={end} aims the window's warmup, but attn_window_warmup_iters=0 has "
-                          f"none: set --attn_window_warmup_iters (e.g. {config['max_iters']}), or "
-                          f"--attn_window_warmup_end=0")
     if iters and end and end < window:
         raise ConfigError(f"attn_window_warmup_end={end} is below attn_window={window}: the warmup would never reach "
                           f"the window; use 0 (attn_window) or more, e.g. --attn_window_warmup_end={window}")

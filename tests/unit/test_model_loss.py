@@ -92,6 +92,20 @@ def test_a_chunk_holds_as_many_rows_as_three_buffers_of_its_dtype_fit(dtype):
     assert max(shape[0] for shape, _, _ in tracker.allocations if len(shape) == 2 and shape[1] == V) == 7
 
 
+@pytest.mark.parametrize('softcap', [0.0, 15.0], ids=['no cap', 'capped'])
+@pytest.mark.parametrize('autocast', [False, True], ids=['fp32', 'bf16 autocast'])
+def test_a_chunk_takes_at_most_chunk_bytes(softcap, autocast):
+    """Forward and backward in chunks of 64 rows of a 4096-token vocabulary: beyond the inputs' gradients and the
+    weight's copy, which do not grow with the chunk, at most chunk_bytes at once, with the cap's tanh kept too."""
+    h, w, t = loss_inputs(n=512, d=16, v=4096)
+    chunk_bytes = 64 * 3 * 4 * 4096
+    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+        with MemoryTracer(alignment=1, existing=(h, w, t)) as tracker:
+            linear_cross_entropy(h, w, t, softcap=softcap, chunk_bytes=chunk_bytes).backward()
+    whole_rows = (h.numel() + w.numel() + 2 * (512 + 4096 * 16)) * 4  # the gradients, the losses, the weight's copy
+    assert tracker.peak <= chunk_bytes + whole_rows
+
+
 def test_a_gpt_on_its_own_loss_trains_as_on_the_tuned_one():
     """model.py's GPT without loss_fn (its own loss) against the same weights on training/chunked_loss.py's: the same
     loss and gradients, in fp64, with a soft-capped untied head."""

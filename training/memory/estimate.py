@@ -75,7 +75,7 @@ def build(config, device='cpu', device_type='cuda', mesh=None, **options):
     """train.py's model and optimizer (training.step.build) on `device`, sharded over `mesh` (see sharded_rank) as
     config's parallelism does; their stdout (print) goes nowhere. A pretrained model is built with its shape, not
     loaded: the memory is the same. The optimizer is the one train.py builds on `device_type` (fused on CUDA).
-    options: runs.gpt_options' keywords (the tracer's loss_fn, flash_kernel)."""
+    options: runs.gpt_options' keywords (the tracer's loss_fn, flash_kernel, flex_kernel)."""
     with contextlib.redirect_stdout(io.StringIO()):
         with unset_fake_temporarily():  # a library's one-off setup on real tensors (torchao's 8-bit code maps)
             optimizers.warm_up(config['optim'])

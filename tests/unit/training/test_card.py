@@ -470,3 +470,8 @@ def test_a_preset_s_lever_the_card_turns_off_takes_its_dependent_keys_with_it(tm
     rules.check_config(config, 1, 'cpu')
     warmed, _, _ = load_preset(SPEEDRUN_PATH, tiny=True)
     assert warmed['attn_window_warmup_start'] == 16  # TINY's, where the speedrun preset warms its window up
+    preset.write_text("hellaswag_examples = 500\n")  # the preset's own mistake: train.py refuses it, so does the card
+    config, overrides, _ = load_preset(str(preset), tiny=True)
+    assert 'hellaswag_examples' not in overrides and config['hellaswag_examples'] == 500
+    with pytest.raises(ConfigError, match='hellaswag_examples=500 acts only with hellaswag=True'):
+        rules.check_config(config, 1, 'cpu')

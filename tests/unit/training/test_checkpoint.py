@@ -78,7 +78,8 @@ def test_keep_previous_keeps_the_replaced_checkpoint_as_ckpt_prev(tmp_path, monk
     (tmp_path / 'ckpt.prev.pt').write_bytes(b'older')
     save_checkpoint({'model': {'w': torch.ones(3)}, 'model_args': {}, 'iter_num': 30}, str(tmp_path))
     other_run = (tmp_path / 'ckpt.pt').read_bytes()
-    save_checkpoint({'model': {'w': torch.zeros(3)}, 'model_args': {}, 'iter_num': 2}, str(tmp_path), keep_previous=True)
+    save_checkpoint({'model': {'w': torch.zeros(3)}, 'model_args': {}, 'iter_num': 2}, str(tmp_path),
+                    keep_previous=True)
     assert (tmp_path / 'ckpt.prev.pt').read_bytes() == other_run
     assert torch.equal(load_checkpoint(str(tmp_path), 'cpu')['model']['w'], torch.zeros(3))
     save_checkpoint({'model': {'w': torch.full((3,), 2.0)}, 'model_args': {}, 'iter_num': 4}, str(tmp_path))

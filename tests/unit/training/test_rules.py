@@ -153,7 +153,7 @@ def test_model_args_of_a_gpt2_architecture_are_nanogpts_and_modern_keys_are_reco
     ({'weight_init': 'xavier'}, "unknown weight_init 'xavier': use one of 'gpt2', 'pytorch'"),
     ({'batch_order': 'shuffled'}, "unknown batch_order 'shuffled': use one of 'random', 'sequential'"),
     ({'muon_momentum_form': 'nesterov'}, "unknown muon_momentum_form 'nesterov': use one of 'ema', 'sum', 'ema_eps'"),
-    ({'scalar_learning_rate': 0.04}, "scalar_learning_rate=0.04 sets a parameter group of optim='muon'"),
+    ({'scalar_learning_rate': 0.04}, "scalar_learning_rate=0.04 acts only with optim='muon'"),
     ({'init_from': 'gpt2', 'embed_norm': True}, "which embed_norm=True changes: drop --embed_norm"),
     ({'logit_softcap': -1.0}, 'logit_softcap must be 0 (off) or positive'),
     ({'init_from': 'gpt2', 'pos_emb': 'rope'}, "init_from='gpt2' loads GPT-2 weights, trained with GPT-2's "
@@ -177,8 +177,7 @@ def test_model_args_of_a_gpt2_architecture_are_nanogpts_and_modern_keys_are_reco
                                                  'divisor of attn_window=8'),
     ({'attn_window': 8, 'attn_window_block': -4}, 'attn_window_block=-4 must be 0'),
     ({'attn_window_block': 8}, 'attn_window_block=8 counts the sliding window in blocks, but attn_window=0 has none'),
-    ({'attn_window': 16, 'attn_window_warmup_end': 32}, "attn_window_warmup_end=32 aims the window's warmup, but "
-                                                        "attn_window_warmup_iters=0 has none"),
+    ({'attn_window': 16, 'attn_window_warmup_end': 32}, "attn_window_warmup_end=32 acts only with a window warmup"),
     ({'attn_window': 8, 'attn_window_block': 4, 'attn_window_warmup_iters': 100, 'attn_window_warmup_start': 2},
      'attn_window_warmup_start=2 is not a whole number of attn_window_block=4 positions'),
     ({'rope_truncated': True}, "rope_truncated=True changes rotary embeddings, but pos_emb='learned' has none"),
@@ -187,7 +186,7 @@ def test_model_args_of_a_gpt2_architecture_are_nanogpts_and_modern_keys_are_reco
                                               'value_embeds=1 mixes a table into: every block of n_layer=2 has a '
                                               'table: use a smaller --value_embeds or a larger --n_layer'),
     ({'no_attn_layer': 0, 'value_embeds': 1, 'n_layer': 4}, 'mixes a table into: pick a block from 1 to 2'),
-    ({'embedding_learning_rate': 0.3}, "embedding_learning_rate=0.3 sets a parameter group of optim='muon'"),
+    ({'embedding_learning_rate': 0.3}, "embedding_learning_rate=0.3 acts only with optim='muon'"),
     ({'optim': 'muon', 'muon_momentum_warmup_iters': -1}, 'muon_momentum_warmup_iters must be 0 or more'),
     ({'lr_schedule': 'linear'}, "unknown lr_schedule 'linear': use one of 'cosine', 'wsd'"),
     ({'lr_schedule': 'wsd', 'cooldown_frac': 0.0}, 'cooldown_frac must be in (0, 1]'),
@@ -302,3 +301,19 @@ def test_auto_batch_size_has_no_training_step_to_size_under_eval_only(config):
     with pytest.raises(ConfigError, match='auto_batch_size=True sizes the training step, which eval_only=True never '
                                           'runs: set --eval_batch_size'):
         rules.check_config({**cuda, 'eval_only': True}, 1, 'cuda')
+
+
+def test_a_lever_turned_off_names_all_its_keys_and_their_defaults_in_one_line():
+    """The speedrun preset with --optim=adamw: every key only Muon reads, in one line with the fix; the next run with
+    those defaults passes that check (the preset's other levers stay as they are)."""
+    preset = configurator.load_config(configurator.train_keys(), ['config/speedrun_gpt2_12gb.py', '--optim=adamw',
+                                                                   '--device=cpu', '--dtype=float32'])
+    with pytest.raises(ConfigError) as e:
+        rules.check_turned_on(preset)
+    assert str(e.value) == (
+        "muon_learning_rate=0.05, muon_momentum_form='ema_eps', muon_momentum_warmup_iters=300, "
+        "embedding_learning_rate=0.6, head_learning_rate=0.008, scalar_learning_rate=0.04, muon_split_qkv=True act "
+        "only with optim='muon', which this config does not have: add --optim=muon, or --muon_learning_rate=0.02 "
+        "--muon_momentum_form=ema --muon_momentum_warmup_iters=0 --embedding_learning_rate=0.0 "
+        "--head_learning_rate=0.0 --scalar_learning_rate=0.0 --muon_split_qkv=False (defaults)")
+    rules.check_turned_on({**preset, **rules.inert_defaults(preset)})
