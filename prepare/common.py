@@ -131,17 +131,20 @@ def check_fits_uint16(vocab_size, what):
 
 @contextlib.contextmanager
 def output_files(out_dir, *names):
-    """atomic_files of out_dir/<name> for each of `names`, out_dir made where missing and removed again where the block
-    fails: a prepare that fails leaves no trace, not even an empty folder."""
-    created = not os.path.isdir(out_dir)
+    """atomic_files of out_dir/<name> for each of `names`, out_dir (and its parents) made where missing and removed
+    again where the block fails: a prepare that fails leaves no trace, not even an empty folder."""
+    made, folder = [], os.path.abspath(out_dir)
+    while not os.path.isdir(folder):  # the folders makedirs makes, out_dir first
+        made.append(folder)
+        folder = os.path.dirname(folder)
     os.makedirs(out_dir, exist_ok=True)
     try:
         with atomic_files(*(os.path.join(out_dir, name) for name in names)) as tmps:
             yield tmps
     except BaseException:
-        if created:
-            with contextlib.suppress(OSError):  # empty: atomic_files removed its temporaries
-                os.rmdir(out_dir)
+        with contextlib.suppress(OSError):  # each empty: atomic_files removed its temporaries
+            for folder in made:
+                os.rmdir(folder)
         raise
 
 

@@ -132,8 +132,9 @@ def document_texts(texts, text_column):
     a value of another type means text_column names another column, a PrepareError."""
     for text in texts:
         if text is not None and not isinstance(text, str):
-            raise common.PrepareError(f'--text_column {text_column!r} holds {type(text).__name__} values, not text: '
-                                      f'pass the column of the documents with --text_column')
+            raise common.PrepareError(f'--text_column {text_column!r} holds a value of type {type(text).__name__}, '
+                                      f'not text: pass the column of the documents with --text_column (if it is that '
+                                      f'one, remove the rows that hold something else)')
     return [text for text in texts if text is not None]
 
 

@@ -42,17 +42,31 @@ MODEL_PY_KEYS = ('bias', 'dropout', *(key for key in MODERN_DEFAULTS if key != '
                  'min_lr', 'decay_lr', 'lr_schedule', 'cooldown_frac', 'warmup_iters', 'lr_decay_iters', 'weight_decay',
                  'beta1', 'beta2', 'muon_learning_rate', 'muon_momentum', 'muon_momentum_form', *optim.MUON_ONLY_KEYS,
                  'attn_window_warmup_start')
-# keys that act only where another key turns them on: {key: (what turns it on, whether config does, the fix)}; one
-# set to other than train.py's default without it is refused rather than ignored
-MUON = ("optim='muon'", lambda config: config['optim'] == 'muon', '--optim=muon')
-WINDOW_WARMUP = ('a window warmup', lambda config: config['attn_window_warmup_iters'] > 0,
-                 '--attn_window_warmup_iters (e.g. max_iters)')
+
+
+def turned_on_by(what, fix, turned_on):
+    """A key's off(config): (what turns the key on, the fix) where turned_on(config) is false, else None."""
+    return lambda config: None if turned_on(config) else (what, fix)
+
+
+# keys that act only where other keys turn them on, {key: off}: one set to other than train.py's default while off is
+# refused rather than ignored (check_turned_on). A key of two levers names the first that is off, so that the keys of
+# one lever come together.
+MUON = turned_on_by("optim='muon'", '--optim=muon', lambda config: config['optim'] == 'muon')
+DECAY = turned_on_by('decay_lr=True', '--decay_lr=True', lambda config: config['decay_lr'])
+WSD = turned_on_by("lr_schedule='wsd'", '--lr_schedule=wsd', lambda config: config['lr_schedule'] == 'wsd')
+UNTIED = turned_on_by('tie_weights=False (a head of its own)', '--tie_weights=False',
+                      lambda config: not config['tie_weights'])
+WINDOW_WARMUP = turned_on_by('a window warmup', '--attn_window_warmup_iters=N (e.g. max_iters)',
+                             lambda config: config['attn_window_warmup_iters'] > 0)
 TURNED_ON_BY = {**dict.fromkeys(('muon_learning_rate', 'muon_momentum', 'muon_momentum_form', *optim.MUON_ONLY_KEYS),
                                 MUON),
-                'cooldown_frac': ("lr_schedule='wsd'", lambda config: config['lr_schedule'] == 'wsd',
-                                  '--lr_schedule=wsd'),
+                'head_learning_rate': lambda config: MUON(config) or UNTIED(config),
+                'lr_schedule': DECAY,
+                'cooldown_frac': lambda config: DECAY(config) or WSD(config),
                 **dict.fromkeys(('attn_window_warmup_start', 'attn_window_warmup_end'), WINDOW_WARMUP),
-                'hellaswag_examples': ('hellaswag=True', lambda config: config['hellaswag'], '--hellaswag=True')}
+                'hellaswag_examples': turned_on_by('hellaswag=True', '--hellaswag=True',
+                                                   lambda config: config['hellaswag'])}
 
 
 def check_config(config, world_size, device_type):
@@ -125,8 +139,8 @@ def check_turned_on(config):
     inert = inert_keys(config)
     if not inert:
         return
-    what, _, fix = TURNED_ON_BY[inert[0]]
-    keys = [key for key in inert if TURNED_ON_BY[key][0] == what]
+    what, fix = TURNED_ON_BY[inert[0]](config)
+    keys = [key for key in inert if TURNED_ON_BY[key](config)[0] == what]
     defaults = train_defaults()
     one = len(keys) == 1
     raise ConfigError(f"{', '.join(f'{key}={config[key]!r}' for key in keys)} {'acts' if one else 'act'} only with "
@@ -138,8 +152,7 @@ def check_turned_on(config):
 def inert_keys(config):
     """The keys of TURNED_ON_BY that config sets to other than train.py's default, without what turns them on."""
     defaults = train_defaults()
-    return [key for key, (_, turned_on, _) in TURNED_ON_BY.items() if config[key] != defaults[key]
-            and not turned_on(config)]
+    return [key for key, off in TURNED_ON_BY.items() if config[key] != defaults[key] and off(config)]
 
 
 def inert_defaults(config):

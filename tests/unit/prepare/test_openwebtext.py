@@ -218,7 +218,7 @@ def test_streaming_failure_keeps_previous_outputs(tmp_path, monkeypatch, capsys)
     with pytest.raises(common.PrepareError, match='connection reset by peer'):  # into a folder it makes: none left
         openwebtext.prepare_stream(datasets.IterableDataset.from_generator(broken_stream), tmp_path / 'new' / 'owt',
                                    tiny_encoding(), 10 ** 6, test_size=0.1)
-    assert not (tmp_path / 'new' / 'owt').exists()
+    assert not (tmp_path / 'new').exists()
 
 
 @pytest.mark.parametrize('max_tokens', [[], ['--max_tokens', '1_000']])
@@ -294,8 +294,9 @@ def test_rows_without_text_are_no_documents_and_another_type_is_one_line(tmp_pat
     (tmp_path / 'ints.jsonl').write_text(''.join(json.dumps({'text': i}) + '\n' for i in range(10)))
     args[3] = tmp_path / 'ints.jsonl'
     status, _, err = run_openwebtext(monkeypatch, capsys, *args, '--out_dir', tmp_path / 'ints')
-    assert status == 2 and err.splitlines()[-1] == ("error: --text_column 'text' holds int values, not text: pass the "
-                                                    "column of the documents with --text_column")  # after the bars
+    assert status == 2 and err.splitlines()[-1] == (
+        "error: --text_column 'text' holds a value of type int, not text: pass the column of the documents with "
+        "--text_column (if it is that one, remove the rows that hold something else)")  # after the progress bars
     assert not (tmp_path / 'ints' / 'train.bin').exists()
 
 

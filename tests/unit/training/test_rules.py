@@ -49,7 +49,12 @@ def config(tmp_path):
     ({'muon_momentum_form': 'sum'}, "muon_momentum_form='sum' acts only with optim='muon'"),
     ({'cooldown_frac': 0.5}, "cooldown_frac=0.5 acts only with lr_schedule='wsd'"),
     ({'attn_window_warmup_start': 128}, 'attn_window_warmup_start=128 acts only with a window warmup, which this '
-                                        'config does not have: add --attn_window_warmup_iters (e.g. max_iters)'),
+                                        'config does not have: add --attn_window_warmup_iters=N (e.g. max_iters)'),
+    ({'decay_lr': False, 'lr_schedule': 'wsd', 'cooldown_frac': 0.4},
+     "lr_schedule='wsd', cooldown_frac=0.4 act only with decay_lr=True, which this config does not have: add "
+     "--decay_lr=True, or --lr_schedule=cosine --cooldown_frac=0.2 (defaults)"),
+    ({'optim': 'muon', 'head_learning_rate': 0.008}, "head_learning_rate=0.008 acts only with tie_weights=False (a "
+                                                     "head of its own)"),
     ({'gpu_headroom_gb': -0.5}, 'gpu_headroom_gb=-0.5 must be 0 or more'),
     ({'loss_chunk_mib': 0}, 'loss_chunk_mib=0 must be positive'),
     ({'memory_cap_gb': -1.0}, 'memory_cap_gb=-1.0 must be 0 (no cap) or positive'),
