@@ -132,7 +132,8 @@ def check_fits_uint16(vocab_size, what):
 @contextlib.contextmanager
 def output_files(out_dir, *names):
     """atomic_files of out_dir/<name> for each of `names`, out_dir (and its parents) made where missing and removed
-    again where the block fails: a prepare that fails leaves no trace, not even an empty folder."""
+    again where the block fails: a prepare that fails leaves no trace, not even an empty folder. Outputs without a
+    meta.pkl (a tiktoken encoding's ids) remove the one there, another dataset's (remove_meta)."""
     made, folder = [], os.path.abspath(out_dir)
     while not os.path.isdir(folder):  # the folders makedirs makes, out_dir first
         made.append(folder)
@@ -146,11 +147,12 @@ def output_files(out_dir, *names):
             for folder in made:
                 os.rmdir(folder)
         raise
+    if 'meta.pkl' not in names:
+        remove_meta(out_dir)
 
 
 def write_splits(out_dir, splits, meta=None):
-    """Write each split's ids to out_dir/<split>.bin as uint16, and `meta` to out_dir/meta.pkl: all or nothing.
-    Without meta (a tiktoken encoding's ids), a meta.pkl already there goes (remove_meta)."""
+    """Write each split's ids to out_dir/<split>.bin as uint16, and `meta` to out_dir/meta.pkl: all or nothing."""
     names = [f'{split}.bin' for split in splits] + (['meta.pkl'] if meta is not None else [])
     with output_files(out_dir, *names) as tmps:
         for ids, tmp in zip(splits.values(), tmps):
@@ -158,8 +160,6 @@ def write_splits(out_dir, splits, meta=None):
         if meta is not None:
             with open(tmps[-1], 'wb') as f:
                 pickle.dump(meta, f)
-    if meta is None:
-        remove_meta(out_dir)
 
 
 def remove_meta(out_dir):

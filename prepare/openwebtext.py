@@ -180,7 +180,6 @@ def prepare(splits, out_dir, enc, text_column='text', num_proc=1):
     with common.output_files(out_dir, *(f'{split}.bin' for split in tokenized)) as tmps:
         counts = {split: write_tokens(tokenized[split], tmp, f'writing {split}.bin')
                   for split, tmp in zip(tokenized, tmps)}
-    common.remove_meta(out_dir)
     for split, count in counts.items():
         print(f'{split} has {count:,} tokens')
     return counts
@@ -263,7 +262,6 @@ def prepare_stream(stream, out_dir, enc, max_tokens, text_column='text', test_si
         if train.count == 0:
             raise common.PrepareError(f'{what} has {index + 1} document(s), all held out for val; '
                                       f'pass more documents or a smaller --test_size')
-    common.remove_meta(out_dir)
     if train.count < max_tokens:
         print(f'{what} ended after {index + 1:,} documents, short of --max_tokens {max_tokens:,}')
     print(f'train has {train.count:,} tokens')
