@@ -136,12 +136,12 @@ def check_config(config, world_size, device_type):
 def check_turned_on(config):
     """ConfigError naming at once every key that config sets without what turns it on (the first such lever's): a
     preset's lever turned off from the command line leaves its keys set, which the fix sets back to their defaults."""
-    inert = inert_keys(config)
+    defaults = train_defaults()
+    inert = inert_keys(config, defaults)
     if not inert:
         return
     what, fix = TURNED_ON_BY[inert[0]](config)
     keys = [key for key in inert if TURNED_ON_BY[key](config)[0] == what]
-    defaults = train_defaults()
     one = len(keys) == 1
     raise ConfigError(f"{', '.join(f'{key}={config[key]!r}' for key in keys)} {'acts' if one else 'act'} only with "
                       f"{what}, which this config does not have: add {fix}, or "
@@ -149,9 +149,10 @@ def check_turned_on(config):
                       f"({'its default' if one else 'defaults'})")
 
 
-def inert_keys(config):
-    """The keys of TURNED_ON_BY that config sets to other than train.py's default, without what turns them on."""
-    defaults = train_defaults()
+def inert_keys(config, defaults=None):
+    """The keys of TURNED_ON_BY that config sets to other than train.py's default (`defaults`, read from train.py
+    where not given), without what turns them on."""
+    defaults = train_defaults() if defaults is None else defaults
     return [key for key, off in TURNED_ON_BY.items() if config[key] != defaults[key] and off(config)]
 
 
@@ -159,7 +160,7 @@ def inert_defaults(config):
     """train.py's defaults of the keys that config (train.py's keys, or some of them) leaves inert: what a tool that
     turns a preset's lever off (hellaswag, optim='muon', a window warmup) sets with it."""
     defaults = train_defaults()
-    return {key: defaults[key] for key in inert_keys({**defaults, **config})}
+    return {key: defaults[key] for key in inert_keys({**defaults, **config}, defaults)}
 
 
 def check_record_2026(config, world_size):
